@@ -1,0 +1,94 @@
+"""manifest.json: the contract between data_prep and training.
+
+It records every parameter that shaped the data, the tokenizer and its hash, the row schema, per-shard row
+counts and checksums, totals, the statistics, and everything skipped or repaired, by reason. Training opens a
+shard set through it and refuses one whose parameters do not fit its config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
+from data_prep.plan import JobPlan
+from data_prep.shard_files import shard_settings
+from data_prep.stats import InstanceStats
+
+FORMAT_VERSION = 1
+
+
+def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> dict[str, Any]:
+    shards = sorted(shards, key=lambda s: s["index"])
+    stats = InstanceStats()
+    for shard in shards:
+        stats = stats.merge(InstanceStats(**shard["stats"]))
+    settings = shard_settings(plan, plan.vocab_tokens())
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "parameters": plan.config.data_parameters(),
+        "tokenizer": {
+            "vocab_file": VOCAB_NAME,
+            "tokenizer_file": TOKENIZER_NAME,
+            "vocab_size": plan.vocab_size,
+            "vocab_sha256": plan.vocab_sha256,
+            "lowercase": plan.config.vocab.lowercase,
+            "source": plan.vocab_source,
+        },
+        "schema": {field.name: str(field.type) for field in settings.schema()},
+        "inputs": [dataclasses.asdict(f) for f in plan.files],
+        "num_shards_planned": plan.num_shards,   # buckets no document fell into write no file
+        "shards": [{"index": s["index"], "rows": s["rows"], "documents": s["documents"], **s["files"]} for s in shards],
+        "totals": {
+            "instances": stats.instances,
+            "tokens": stats.tokens,
+            "masked_tokens": stats.masked_tokens,
+            "documents": counts.get("documents", 0),
+            "sentences": counts.get("sentences", 0),
+            "input_tokens": counts.get("input_tokens", 0),
+            "files": counts.get("files", 0),
+            "chunks_without_random_document": stats.chunks_without_random_document,
+        },
+        "statistics": stats.summary(),
+        "skipped": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped/")},
+        "repaired": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("repaired/")},
+    }
+
+
+def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> str:
+    path = FileSystems.join(plan.config.output_dir, MANIFEST_NAME)
+    with FileSystems.create(path) as handle:
+        handle.write(json.dumps(build_manifest(shards, plan, counts), indent=2).encode("utf-8"))
+    return path
+
+
+def read_manifest(shard_dir: str) -> dict[str, Any]:
+    path = FileSystems.join(shard_dir, MANIFEST_NAME)
+    if not FileSystems.exists(path):
+        raise FileNotFoundError(f"no {MANIFEST_NAME} in {shard_dir}: not a shard set written by data_prep")
+    with FileSystems.open(path) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def verify_checksums(shard_dir: str, manifest: dict[str, Any] | None = None) -> list[str]:
+    """Names of shard files whose size or sha256 differs from the manifest (empty when all are intact)."""
+    manifest = manifest or read_manifest(shard_dir)
+    bad = []
+    for shard in manifest["shards"]:
+        for kind in ("parquet", "tfrecord"):
+            if kind not in shard:
+                continue
+            entry = shard[kind]
+            digest, size = hashlib.sha256(), 0
+            with FileSystems.open(FileSystems.join(shard_dir, entry["path"])) as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+            if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
+                bad.append(entry["path"])
+    return bad

@@ -1,0 +1,148 @@
+"""What the launcher settles before the pipeline starts: the input files, the shard count, the vocabulary.
+
+Everything that can be wrong with the request (a missing path, a bad vocabulary) fails here, with a clear
+message, before a single worker starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import itertools
+import logging
+import math
+import os
+from typing import Iterator
+
+from apache_beam.io.filesystems import FileSystems
+
+from data_prep.config import InputSpec, PrepConfig
+from data_prep.documents import Document
+from data_prep.layout import VOCAB_NAME
+from data_prep.readers import detect_format, read_documents
+from data_prep.vocab import parse_vocab, train_vocab, vocab_sha256
+
+log = logging.getLogger(__name__)
+
+# Raw text per compressed byte, to size shards before anything is decompressed (MediaWiki XML in bzip2).
+_COMPRESSED_TEXT_RATIO = 4.0
+_GLOB_CHARS = "*?["
+
+
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    path: str
+    format: str
+    source_name: str     # stable name: the path below the input's base, so moving the corpus changes nothing
+    text_column: str
+    size_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """Everything workers need, and small: Beam pickles it into every step, so the vocabulary itself stays out
+    (workers read it from the output directory, where the launcher writes it before the pipeline starts)."""
+
+    config: PrepConfig
+    files: tuple[InputFile, ...]
+    num_shards: int
+    vocab_source: str    # the vocab.txt it was loaded from, or "trained"
+    vocab_size: int
+    vocab_sha256: str
+
+    @property
+    def vocab_path(self) -> str:
+        return FileSystems.join(self.config.output_dir, VOCAB_NAME)
+
+    def vocab_tokens(self) -> list[str]:
+        return list(_read_vocab(self.vocab_path, self.vocab_sha256))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_vocab(path: str, expected_sha256: str) -> tuple[str, ...]:
+    with FileSystems.open(path) as handle:
+        tokens = parse_vocab(handle.read().decode("utf-8"))
+    if vocab_sha256(tokens) != expected_sha256:
+        raise RuntimeError(f"{path} changed while the job ran (sha256 differs from the plan's)")
+    return tuple(tokens)
+
+
+class InputError(ValueError):
+    pass
+
+
+def expand_inputs(specs: tuple[InputSpec, ...]) -> tuple[InputFile, ...]:
+    files: dict[str, InputFile] = {}
+    for spec in specs:
+        pattern, base = _pattern_and_base(spec.path)
+        matched = [m for m in _match(pattern) if not os.path.basename(m.path).startswith(".")]
+        if not matched:
+            raise InputError(f"input {spec.path!r} matched no files")
+        for metadata in sorted(matched, key=lambda m: m.path):
+            fmt = detect_format(metadata.path) if spec.format == "auto" else spec.format
+            source_name = os.path.relpath(metadata.path, base) if "://" not in metadata.path else metadata.path[len(base):].lstrip("/")
+            files.setdefault(metadata.path, InputFile(metadata.path, fmt, source_name, spec.text_column, metadata.size_in_bytes))
+    names = [f.source_name for f in files.values()]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InputError(f"inputs from different places share the names {duplicates[:5]}: document identities "
+                         "would collide; give each input its own directory name")
+    return tuple(files.values())
+
+
+def _pattern_and_base(path: str) -> tuple[str, str]:
+    """A glob for the files, and the directory that file names are taken relative to."""
+    if any(char in path for char in _GLOB_CHARS):
+        prefix = path[: min(path.index(c) for c in _GLOB_CHARS if c in path)]
+        return path, prefix.rsplit("/", 1)[0] if "/" in prefix else "."
+    if "://" not in path and os.path.isdir(path):
+        return os.path.join(path, "**"), path
+    if "://" in path and path.endswith("/"):
+        return path + "**", path
+    return path, os.path.dirname(path) or "."
+
+
+def _match(pattern: str):
+    if "://" in pattern:
+        return FileSystems.match([pattern])[0].metadata_list
+    # Local files: Python's glob (recursive **), then Beam's metadata for sizes.
+    paths = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+    return [FileSystems.match([glob.escape(p)])[0].metadata_list[0] for p in paths]
+
+
+def shard_count(config: PrepConfig, files: tuple[InputFile, ...]) -> int:
+    if config.num_shards is not None:
+        return config.num_shards
+    raw_bytes = sum(f.size_bytes * (_COMPRESSED_TEXT_RATIO if f.path.endswith(".bz2") else 1.0) for f in files)
+    return max(1, math.ceil(raw_bytes / (config.shard_target_mb * 1e6)))
+
+
+def load_or_train_vocab(config: PrepConfig, files: tuple[InputFile, ...]) -> tuple[list[str], str]:
+    if config.vocab.file is not None:
+        with FileSystems.open(config.vocab.file) as handle:
+            return parse_vocab(handle.read().decode("utf-8")), config.vocab.file
+    log.info("training a %d-token WordPiece vocabulary on up to %.0f MB of the corpus", config.vocab.size, config.vocab.sample_mb)
+    tokens = train_vocab(_vocab_sample(files, config.vocab.sample_mb), config.vocab.size,
+                         config.vocab.lowercase, config.vocab.min_frequency)
+    return tokens, "trained"
+
+
+def _vocab_sample(files: tuple[InputFile, ...], sample_mb: float) -> Iterator[str]:
+    """Paragraphs from the start of every file, an equal share of the budget each, so all sources are seen."""
+    per_file = sample_mb * 1e6 / max(len(files), 1)
+    for input_file in files:
+        taken = 0
+        documents = (item for item in read_documents(input_file.path, input_file.format, input_file.source_name,
+                                                     text_column=input_file.text_column) if isinstance(item, Document))
+        for paragraph in itertools.chain.from_iterable(doc.paragraphs for doc in documents):
+            yield paragraph
+            taken += len(paragraph)
+            if taken >= per_file:
+                break
+
+
+def make_plan(config: PrepConfig) -> tuple[JobPlan, list[str]]:
+    """The plan, and the vocabulary for the launcher to write where the plan says workers will read it."""
+    files = expand_inputs(config.inputs)
+    tokens, source = load_or_train_vocab(config, files)
+    return JobPlan(config, files, shard_count(config, files), source, len(tokens), vocab_sha256(tokens)), tokens

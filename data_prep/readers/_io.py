@@ -1,0 +1,256 @@
+"""Byte streams for the readers: open through Beam's FileSystems, decompress ourselves, stream.
+
+Every failure of the input itself is raised as :class:`InputError` carrying the :class:`SkipReason` to count, so
+that each reader can turn it into one ``Skip`` and stop that file, keeping what it already yielded.
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import zlib
+from typing import BinaryIO, Iterable, Iterator
+
+from data_prep.documents import SkipReason
+
+READ_SIZE = 1 << 20
+"""Bytes asked of the file per read."""
+
+OUTPUT_SIZE = 1 << 18
+"""At most this many decompressed bytes per step, so that a tiny, very compressible input cannot balloon."""
+
+COMPRESSED_LAG = 2 << 20
+"""Decompressed bytes held back from the consumer until this many more have been decompressed cleanly.
+
+A bz2 decompressor hands out a block's bytes (up to ~900 KB, about 1 MB of XML) before it checks that block's
+CRC, so a damaged block first comes out as garbage and only then fails.  Holding back about two blocks means
+the reader does not parse the garbage: on a data error the held-back bytes are thrown away.  On truncation (the
+stream just ends) they are handed out, because every complete block has passed its check.
+"""
+
+
+class InputError(Exception):
+    """The input is bad (not the code): the reader yields ``Skip(reason)`` and stops this file."""
+
+    def __init__(self, reason: SkipReason, detail: str):
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _Truncated(InputError):
+    """The compressed stream ended before its end-of-stream marker: all output so far is good."""
+
+    def __init__(self, detail: str):
+        super().__init__(SkipReason.CORRUPT_COMPRESSION, detail)
+
+
+def open_file(path: str) -> BinaryIO:
+    """Open ``path`` (local or gs://...) for binary reading, without Beam's own decompression."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    except Exception as error:  # noqa: BLE001 - any failure to open is a property of the input (missing, denied)
+        raise InputError(SkipReason.UNREADABLE_FILE, f"cannot open: {type(error).__name__}: {error}") from error
+
+
+def _raw_chunks(fileobj: BinaryIO) -> Iterator[bytes]:
+    while True:
+        try:
+            chunk = fileobj.read(READ_SIZE)
+        except Exception as error:  # noqa: BLE001 - a failing read (disk, network) is a property of the input
+            raise InputError(SkipReason.UNREADABLE_FILE, f"read failed: {type(error).__name__}: {error}") from error
+        if not chunk:
+            return
+        yield chunk
+
+
+def _sniff_compression(head: bytes) -> str | None:
+    """'bz2', 'gzip' or None, from the magic bytes (file names lie; dump shards are named '...xml-p10p30302.bz2')."""
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bz2"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    return None
+
+
+def _new_decompressor(kind: str):
+    return bz2.BZ2Decompressor() if kind == "bz2" else zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+
+
+def _decompress(chunks: Iterable[bytes], kind: str) -> Iterator[bytes]:
+    """Decompress concatenated bz2 streams or gzip members (multistream dumps, ``cat a.gz b.gz``)."""
+    decompressor = _new_decompressor(kind)
+    in_stream = False  # the current decompressor has been given input and has not reached its end
+    streams = 0
+    for chunk in chunks:
+        data = chunk
+        while data:
+            if not in_stream and streams and not data.strip(b"\x00"):
+                data = b""  # NUL padding after the last stream (tape/tar style): not an error
+                break
+            in_stream = True
+            try:
+                if kind == "bz2":
+                    out = decompressor.decompress(data, max_length=OUTPUT_SIZE)
+                    data = b""
+                    if out:
+                        yield out
+                    while not decompressor.eof and not decompressor.needs_input:
+                        out = decompressor.decompress(b"", max_length=OUTPUT_SIZE)
+                        if out:
+                            yield out
+                else:
+                    while data and not decompressor.eof:
+                        out = decompressor.decompress(data, OUTPUT_SIZE)
+                        data = decompressor.unconsumed_tail
+                        if out:
+                            yield out
+            except (OSError, EOFError, ValueError, zlib.error) as error:
+                raise InputError(
+                    SkipReason.CORRUPT_COMPRESSION, f"{kind} stream {streams + 1}: {type(error).__name__}: {error}"
+                ) from error
+            if decompressor.eof:
+                data = decompressor.unused_data + data
+                decompressor = _new_decompressor(kind)
+                in_stream = False
+                streams += 1
+    if in_stream and kind == "gzip":
+        try:
+            out = decompressor.flush()
+        except zlib.error as error:
+            raise InputError(SkipReason.CORRUPT_COMPRESSION, f"gzip member {streams + 1}: {error}") from error
+        if out:
+            yield out
+        in_stream = not decompressor.eof
+    if in_stream:
+        raise _Truncated(f"{kind} stream {streams + 1} ended before its end-of-stream marker (truncated file)")
+
+
+def _held_back(chunks: Iterable[bytes], lag: int) -> Iterator[bytes]:
+    """Pass chunks on only once ``lag`` more bytes have arrived after them (see :data:`COMPRESSED_LAG`)."""
+    held: collections.deque[bytes] = collections.deque()
+    size = 0
+    try:
+        for chunk in chunks:
+            held.append(chunk)
+            size += len(chunk)
+            while size - len(held[0]) >= lag:
+                size -= len(held[0])
+                yield held.popleft()
+    except _Truncated:
+        yield from held  # complete blocks only: good data
+        raise
+    # any other error propagates and the held-back (possibly garbage) bytes are dropped
+    yield from held
+
+
+def iter_bytes(path: str, *, lag: int = COMPRESSED_LAG) -> Iterator[bytes]:
+    """The content of ``path`` as a stream of byte chunks, decompressed if it is bz2 or gzip (by magic bytes).
+
+    Raises :class:`InputError` (UNREADABLE_FILE, CORRUPT_COMPRESSION) when the input is bad; the chunks before
+    the error are good.  A file named ``.bz2``/``.gz`` whose content is not compressed counts as corrupt.
+    """
+    fileobj = open_file(path)
+    try:
+        raw = _raw_chunks(fileobj)
+        head = b""
+        for chunk in raw:  # a few bytes are enough to sniff, but a read may return fewer
+            head += chunk
+            if len(head) >= 16:
+                break
+        if not head:
+            return
+        kind = _sniff_compression(head)
+        lowered = path.lower()
+        if kind is None and (lowered.endswith(".bz2") or lowered.endswith(".gz")):
+            raise InputError(SkipReason.CORRUPT_COMPRESSION, "named as compressed, but not a bz2/gzip stream")
+
+        def all_raw() -> Iterator[bytes]:
+            yield head
+            yield from raw
+
+        if kind is None:
+            yield from all_raw()
+        else:
+            yield from _held_back(_decompress(all_raw(), kind), lag)
+    finally:
+        try:
+            fileobj.close()
+        except Exception:  # noqa: BLE001 - closing a read-only handle; nothing to lose
+            pass
+
+
+def read_all(path: str) -> bytes:
+    """The whole (decompressed) content of a file that is small enough to hold, such as one book."""
+    return b"".join(iter_bytes(path))
+
+
+def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Split a chunk stream into lines at ``\\n`` (a trailing ``\\r`` is dropped too); linear in the line length."""
+    pending: list[bytes] = []
+    for chunk in chunks:
+        pieces = chunk.split(b"\n")
+        if len(pieces) == 1:
+            pending.append(chunk)
+            continue
+        pending.append(pieces[0])
+        first = b"".join(pending)
+        yield first[:-1] if first.endswith(b"\r") else first
+        for piece in pieces[1:-1]:
+            yield piece[:-1] if piece.endswith(b"\r") else piece
+        pending = [pieces[-1]] if pieces[-1] else []
+    if pending:
+        last = b"".join(pending)
+        yield last[:-1] if last.endswith(b"\r") else last
+
+
+class LineStats:
+    """What :func:`text_lines` saw: repaired (non-UTF-8) lines, and whether any line had text."""
+
+    def __init__(self) -> None:
+        self.repaired = 0
+        self.content = False
+
+
+def _sniffed(chunks: Iterator[bytes], size: int) -> tuple[bytes, Iterator[bytes]]:
+    """The first ``size`` bytes of a chunk stream, and the whole stream again."""
+    head: list[bytes] = []
+    seen = 0
+    for chunk in chunks:
+        head.append(chunk)
+        seen += len(chunk)
+        if seen >= size:
+            break
+
+    def again() -> Iterator[bytes]:
+        yield from head
+        yield from chunks
+
+    return b"".join(head)[:size], again()
+
+
+def text_lines(path: str, stats: LineStats) -> Iterator[tuple[int, str]]:
+    """``(line number from 1, decoded line without its line end)`` for a line-oriented text file, streamed.
+
+    Raises :class:`InputError` for an unreadable, corrupt or binary file (lines before the error are good).
+    Lines that are not UTF-8 are decoded as cp1252/Latin-1 and counted in ``stats.repaired``.
+    """
+    from data_prep.text_decoding import BINARY_SNIFF_BYTES, decode_line, looks_binary
+
+    head, chunks = _sniffed(iter_bytes(path), BINARY_SNIFF_BYTES)
+    if looks_binary(head):
+        raise InputError(SkipReason.BINARY_FILE, "NUL or control bytes at the start")
+    for number, raw in enumerate(iter_lines(chunks), start=1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        line, repaired = decode_line(raw)
+        stats.repaired += repaired
+        if not stats.content and not line.isspace() and line:
+            stats.content = True
+        if "\r" in line:  # old Mac line ends (a CR before the LF is already gone)
+            for part in line.split("\r"):
+                yield number, part
+        else:
+            yield number, line

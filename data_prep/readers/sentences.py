@@ -1,0 +1,37 @@
+"""google-research/bert's own input format: one sentence per line, a blank line between documents.
+
+Streamed line by line; each document becomes ``Document(presplit=True)`` whose paragraphs are its sentences,
+stripped, as ``create_pretraining_data.py`` reads them (runs of blank lines make no empty documents).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from data_prep.documents import Document, Repair, Skip, SkipReason
+from data_prep.readers._io import InputError, LineStats, text_lines
+
+
+def read_sentences(path: str, source_name: str) -> Iterator[Document | Skip]:
+    """Documents (presplit) and skips from a sentence-per-line file; never raises on bad input."""
+    stats = LineStats()
+    ordinal = 0
+    sentences: list[str] = []
+    try:
+        for _, line in text_lines(path, stats):
+            sentence = line.strip()
+            if sentence:
+                sentences.append(sentence)
+            elif sentences:
+                yield Document(f"{source_name}:{ordinal}", tuple(sentences), presplit=True)
+                ordinal += 1
+                sentences = []
+    except InputError as error:
+        # the document the error cut off is not yielded half; the ones before it are kept
+        yield Skip(error.reason.value, source_name, detail=f"{error.detail} (after {ordinal} documents)")
+    else:
+        if sentences:
+            yield Document(f"{source_name}:{ordinal}", tuple(sentences), presplit=True)
+        elif not stats.content:
+            yield Skip(SkipReason.EMPTY_FILE.value, source_name)
+    if stats.repaired:
+        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)

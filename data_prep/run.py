@@ -1,0 +1,167 @@
+"""Entry point: raw text -> tokenized, masked sentence-pair shards, on any Beam runner.
+
+    python data_prep/run.py                                   # bundled sample, local, all cores
+    python data_prep/run.py preset=phase1 inputs='[/data/wiki/*.bz2,/data/books/]' output_dir=/data/shards
+    python data_prep/run.py preset=phase1 ... --runner=DataflowRunner --project=P --region=R \
+        --temp_location=gs://B/tmp --setup_file=./setup.py
+
+Arguments of the form key=value are Hydra overrides of the preset in conf/data_prep/ (preset=NAME picks it);
+arguments starting with -- are Beam pipeline options, passed through untouched.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+import apache_beam as beam  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from data_prep.config import PrepConfig  # noqa: E402
+from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
+from data_prep.manifest import read_manifest  # noqa: E402
+from data_prep.pipeline import build_pipeline  # noqa: E402
+from data_prep.plan import JobPlan, make_plan  # noqa: E402
+from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
+
+CONFIG_DIR = REPO_ROOT / "conf" / "data_prep"
+DEFAULT_PRESET = "sample"
+log = logging.getLogger("data_prep")
+
+
+def load_config(overrides: list[str]) -> PrepConfig:
+    preset = DEFAULT_PRESET
+    rest = []
+    for override in overrides:
+        if override.startswith("preset="):
+            preset = override.split("=", 1)[1]
+        else:
+            rest.append(override)
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    if preset not in available:
+        raise ValueError(f"unknown preset {preset!r}; available: {available}")
+    if not OmegaConf.has_resolver("repo_root"):
+        OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose(config_name=preset, overrides=rest)
+        raw = OmegaConf.to_container(cfg, resolve=True)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(f"config: {error}") from error
+    return PrepConfig.from_dict(raw)
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    overrides = [a for a in argv if not a.startswith("-")]
+    beam_args = [a for a in argv if a.startswith("-")]
+    return overrides, beam_args
+
+
+def pipeline_options(beam_args: list[str]) -> PipelineOptions:
+    if not any(a.startswith("--runner") for a in beam_args):
+        # Local default: Beam's DirectRunner on every core, one worker process each.
+        beam_args = ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+                     f"--direct_num_workers={os.cpu_count() or 1}", *beam_args]
+    if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
+        # Worker processes: our progress lines, not the harness's own chatter.
+        beam_args = ["--default_sdk_harness_log_level=WARNING",
+                     '--sdk_harness_log_level_overrides={"data_prep": "INFO", "apache_beam.options.pipeline_options": "ERROR"}', *beam_args]
+    return PipelineOptions(beam_args)
+
+
+def prepare_output(plan: JobPlan, tokens: list[str]) -> None:
+    """Remove a previous run's shards (a smaller re-run must not leave stale ones) and write the tokenizer."""
+    out = plan.config.output_dir
+    if "://" not in out:
+        os.makedirs(out, exist_ok=True)
+    stale = FileSystems.match([FileSystems.join(out, "shard-*"), FileSystems.join(out, MANIFEST_NAME)])
+    old = [m.path for result in stale for m in result.metadata_list]
+    if old:
+        log.info("removing %d files of a previous run in %s", len(old), out)
+        FileSystems.delete(old)
+    with FileSystems.create(FileSystems.join(out, VOCAB_NAME)) as handle:
+        handle.write(vocab_text(tokens).encode("utf-8"))
+    with FileSystems.create(FileSystems.join(out, TOKENIZER_NAME)) as handle:
+        handle.write(build_tokenizer(tokens, plan.config.vocab.lowercase).to_str().encode("utf-8"))
+
+
+def plan_job(overrides: list[str]) -> tuple[JobPlan, list[str]]:
+    """Config and inputs checked, vocabulary ready: everything that can fail before the pipeline starts."""
+    return make_plan(load_config(overrides))
+
+
+def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started: float | None = None) -> dict:
+    """Run the pipeline to completion; returns the manifest it wrote, with the wall time since `started`."""
+    started = time.perf_counter() if started is None else started
+    log.info("%d input files, %d shards, vocabulary of %d (%s) -> %s", len(plan.files), plan.num_shards,
+             plan.vocab_size, plan.vocab_source, plan.config.output_dir)
+    prepare_output(plan, tokens)
+    with beam.Pipeline(options=options) as pipeline:
+        build_pipeline(pipeline, plan)
+    manifest = read_manifest(plan.config.output_dir)
+    manifest["wall_seconds"] = time.perf_counter() - started
+    return manifest
+
+
+def run(argv: list[str]) -> dict:
+    """The whole job, for tests and notebooks: same arguments as the command line."""
+    started = time.perf_counter()
+    overrides, beam_args = split_arguments(argv)
+    options = pipeline_options(beam_args)
+    return execute(*plan_job(overrides), options, started)
+
+
+def format_summary(manifest: dict) -> str:
+    totals, stats = manifest["totals"], manifest["statistics"]
+    seconds = manifest.get("wall_seconds", float("nan"))
+    lines = [
+        f"documents read      {totals['documents']:>12,}   from {totals['files']} files",
+        f"documents skipped   {sum(manifest['skipped'].values()):>12,}   "
+        + (", ".join(f"{k}: {v:,}" for k, v in manifest["skipped"].items()) or "none"),
+        f"repaired            " + (", ".join(f"{k}: {v:,}" for k, v in manifest["repaired"].items()) or "none"),
+        f"sentences           {totals['sentences']:>12,}",
+        f"input tokens        {totals['input_tokens']:>12,}",
+        f"instances           {totals['instances']:>12,}   in {len(manifest['shards'])} shards",
+        f"output tokens       {totals['tokens']:>12,}",
+        f"masked token share  {stats['masked_token_share']:>12.4f}",
+        f"mean length         {stats['mean_instance_length']:>12.2f}   tokens per instance",
+        f"short-target share  {stats['short_target_share']:>12.4f}",
+        f"random-next share   {stats['random_next_share']:>12.4f}   (NSP label 1)",
+        f"wall time           {seconds:>12.1f} s   (vocabulary and pipeline start-up included)",
+        f"throughput          {totals['tokens'] / seconds:>12,.0f}   output tokens/s",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    # Relayed worker warnings about options meant for the launcher; not the user's concern.
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    overrides, beam_args = split_arguments(sys.argv[1:] if argv is None else argv)
+    try:
+        options = pipeline_options(beam_args)
+        plan, tokens = plan_job(overrides)
+    except (ValueError, FileNotFoundError) as error:  # bad options, config or inputs: nothing has started
+        print(f"data_prep: error: {error}", file=sys.stderr)
+        return 2
+    manifest = execute(plan, tokens, options, started)
+    print(format_summary(manifest))
+    print(f"shards, tokenizer and {MANIFEST_NAME} in {plan.config.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

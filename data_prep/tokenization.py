@@ -1,0 +1,61 @@
+"""Document -> sentences -> WordPiece ids, as one flat array per document."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from data_prep.documents import Document
+from data_prep.instances import TokenizedDocument
+from data_prep.segmentation import split_paragraphs_into_sentences
+from data_prep.vocab import build_tokenizer
+
+
+class WordPieceEncoder:
+    """BERT's tokenizer with a fast path for printable ASCII sentences.
+
+    On printable ASCII, BertNormalizer's work (control-character removal, CJK padding, NFD accent stripping)
+    changes nothing but the case, yet its alignment-tracking NFD is most of the tokenizer's time. Such
+    sentences are lower-cased by str.lower() and tokenized without a normalizer: the same ids (a property
+    test checks it), about 1.8x faster on English text. Everything else takes the full normalizer.
+    """
+
+    def __init__(self, vocab_tokens: list[str], lowercase: bool):
+        self.full = build_tokenizer(vocab_tokens, lowercase)
+        self.ascii_fast = build_tokenizer(vocab_tokens, lowercase)
+        self.ascii_fast.normalizer = None
+        self.lowercase = lowercase
+
+    def encode(self, sentences: list[str]) -> list[list[int]]:
+        simple = [sentence.isascii() and sentence.isprintable() for sentence in sentences]
+        if all(simple):
+            return self._encode_ascii(sentences)
+        fast_ids = iter(self._encode_ascii([s for s, ok in zip(sentences, simple) if ok]))
+        full_ids = iter(_encode(self.full, [s for s, ok in zip(sentences, simple) if not ok]))
+        return [next(fast_ids) if ok else next(full_ids) for ok in simple]
+
+    def _encode_ascii(self, sentences: list[str]) -> list[list[int]]:
+        return _encode(self.ascii_fast, [s.lower() for s in sentences] if self.lowercase else sentences)
+
+
+def _encode(tokenizer: Tokenizer, sentences: list[str]) -> list[list[int]]:
+    # encode_batch_fast skips offset tracking, which we do not need.
+    return [encoding.ids for encoding in tokenizer.encode_batch_fast(sentences, add_special_tokens=False)]
+
+
+def document_sentences(document: Document) -> list[str]:
+    if document.presplit:
+        return [line for line in document.paragraphs if line.strip()]
+    return split_paragraphs_into_sentences(document.paragraphs)
+
+
+def tokenize_document(document: Document, encoder: WordPieceEncoder) -> TokenizedDocument | None:
+    """The document's sentences as ids; sentences that tokenize to nothing are dropped; None if all do."""
+    ids = encoder.encode(document_sentences(document))
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    total = int(lengths.sum())
+    if total == 0:
+        return None
+    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=total)
+    return TokenizedDocument(document.key, flat, np.cumsum(lengths[lengths > 0]))

@@ -1,0 +1,346 @@
+"""BERT (Devlin et al. 2019) for pre-training: the encoder and its masked-LM and next-sentence heads.
+
+Read it bottom-up: embeddings, self-attention, feed-forward, encoder layer, pooler, masked-LM head, the encoder
+(BertModel), the pre-training model (BertForPreTraining), then FLOPs and MFU accounting.
+
+It is the paper's model as google-research/bert implements it: post-LayerNorm residual blocks, exact (erf)
+GELU, learned absolute positions, token-type embeddings, and an MLM decoder tied to the word embeddings.
+Parameter names are our own; model/hf_conversion.py maps them to and from transformers' BertForPreTraining,
+and the tests check both give the same logits.
+
+Shapes: B batch, T sequence length, C hidden size, nh heads, hs head size (C = nh * hs), P masked positions
+per sequence, V vocabulary size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import BertConfig
+
+IGNORE_INDEX = -100  # label of a slot that takes no part in a loss (padding of masked_positions)
+
+
+class Embeddings(nn.Module):
+    """Token + learned absolute position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        # No padding_idx: in google-research/bert [PAD] is a row like any other (it is never attended to).
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        if T > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                             f"({self.position_embeddings.num_embeddings})")
+        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, C)
+        x = x + self.position_embeddings(positions)  # broadcast over the batch
+        return self.dropout(self.layer_norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention; padding keys are masked out."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_size = config.head_size
+        # Query, key and value in one matmul (one kernel launch instead of three).
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_dropout
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        # key_padding_mask is (B, 1, 1, T): broadcast over heads and queries. Padded queries still attend to
+        # the real tokens; their outputs are simply never used.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask,
+                                           dropout_p=self.dropout_p if self.training else 0.0)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
+        return self.output(y)
+
+
+class FeedForward(nn.Module):
+    """Position-wise MLP: C -> intermediate -> C with exact (erf) GELU, as in the paper's code."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class EncoderLayer(nn.Module):
+    """A post-LN Transformer block: x = LayerNorm(x + Dropout(Sublayer(x))) for attention, then the MLP.
+
+    Post-LN (not the pre-LN of GPT-2 and later) is what BERT's published weights expect.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.feed_forward = FeedForward(config)
+        self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, key_padding_mask)))  # (B, T, C)
+        x = self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # (B, T, C)
+        return x
+
+
+class Pooler(nn.Module):
+    """The sequence summary NSP (and later sentence classifiers) read: dense + tanh on the [CLS] state."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, C)
+
+
+class MaskedLMHead(nn.Module):
+    """A "transform" (dense + GELU + LayerNorm), then a score for every vocabulary token.
+
+    The decoder's weight is the word-embedding matrix (tied by BertForPreTraining), so a hidden state is scored
+    against the input embedding of each token; the decoder's bias is the head's own.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden))))  # (..., C) -> (..., V)
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: weights ~ N(0, std), biases 0, LayerNorm scale 1 and shift 0.
+
+    google-research/bert draws from a normal truncated at 2 std; the difference does not matter in practice and
+    the plain normal is what transformers uses.
+    """
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) with 1 for tokens and 0 for padding -> (B, 1, 1, T) boolean, True where a key may be attended to.
+
+    Every sequence needs at least one real token ([CLS] always is): a row with none would attend to nothing
+    and give NaN.
+    """
+    if attention_mask is None:
+        return None  # lets SDPA pick its fastest (mask-free) kernel
+    return attention_mask.bool()[:, None, None, :]
+
+
+@dataclasses.dataclass
+class EncoderOutput:
+    sequence_output: torch.Tensor  # (B, T, C) the last layer's states
+    pooled_output: torch.Tensor  # (B, C) tanh(dense([CLS] state))
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # embeddings + each layer: num_layers + 1 of (B, T, C)
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings, num_layers post-LN blocks, and the pooler. For features and fine-tuning."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layers))
+        self.pooler = Pooler(config)
+        self.apply(functools.partial(init_bert_weights, std=config.initializer_range))
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> EncoderOutput:
+        """input_ids, token_type_ids (0 = segment A, 1 = B; default all 0), attention_mask (1 = token,
+        0 = padding; default no padding): all (B, T)."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        mask = key_padding_mask(attention_mask)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        hidden_states = [x] if output_hidden_states else None
+        for layer in self.layers:
+            x = layer(x, mask)  # (B, T, C)
+            if hidden_states is not None:
+                hidden_states.append(x)
+        return EncoderOutput(sequence_output=x, pooled_output=self.pooler(x),
+                             hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+
+
+@dataclasses.dataclass
+class PreTrainingOutput:
+    mlm_logits: torch.Tensor  # (B, P, V) at masked_positions, or (B, T, V) when no positions are given
+    nsp_logits: torch.Tensor  # (B, 2); class 1 = sentence B is random (google-research/bert's convention)
+    # With labels: the losses, and counts a training loop sums (across steps and ranks) for accuracies:
+    # mlm_acc = mlm_correct / mlm_total, nsp_acc = nsp_correct / nsp_total. Counts are 0-dim int64 tensors,
+    # so logging them needs no host sync until the loop asks.
+    loss: torch.Tensor | None = None  # mlm_loss + nsp_loss (or whichever of the two has labels)
+    mlm_loss: torch.Tensor | None = None  # mean cross-entropy over the non-ignored MLM slots
+    nsp_loss: torch.Tensor | None = None  # mean cross-entropy over the batch
+    mlm_correct: torch.Tensor | None = None
+    mlm_total: torch.Tensor | None = None
+    nsp_correct: torch.Tensor | None = None
+    nsp_total: torch.Tensor | None = None
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Mean cross-entropy over labels != IGNORE_INDEX, with the number right and the number counted.
+
+    Computed in fp32 (bf16 log-softmax over 30k classes is coarse). Unlike F.cross_entropy's mean, a batch with
+    no labels at all gives a loss of 0, not NaN.
+    """
+    logits = logits.reshape(-1, logits.shape[-1]).float()  # (N, classes)
+    labels = labels.reshape(-1).long()  # (N,)
+    counted = labels != IGNORE_INDEX
+    total = counted.sum()
+    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / total.clamp(min=1)
+    correct = ((logits.argmax(dim=-1) == labels) & counted).sum()
+    return loss, correct, total
+
+
+class BertForPreTraining(nn.Module):
+    """BertModel with the masked-LM head (tied to the word embeddings) and the next-sentence head."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.mlm_head = MaskedLMHead(config)
+        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        for head in (self.mlm_head, self.nsp_head):
+            head.apply(functools.partial(init_bert_weights, std=config.initializer_range))
+        # Tie after init, so the embedding keeps its one initialisation; both modules now hold one Parameter,
+        # which gets gradient from the input lookup and from the output projection.
+        self.mlm_head.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
+                masked_lm_labels: torch.Tensor | None = None,
+                next_sentence_labels: torch.Tensor | None = None) -> PreTrainingOutput:
+        """input_ids, token_type_ids, attention_mask: (B, T), as for BertModel.
+
+        masked_positions: (B, P) positions to predict; only there are the MLM logits computed. Padding slots
+        may hold any valid position (0 is fine) and are marked by masked_lm_labels == -100.
+        masked_lm_labels: (B, P) original token ids, -100 for padding slots; or (B, T) with -100 at every
+        unmasked position when masked_positions is None (the transformers convention).
+        next_sentence_labels: (B,) 0 = B follows A, 1 = B is random.
+        Without masked_positions the MLM logits cover every position, (B, T, V).
+        """
+        encoded = self.bert(input_ids, token_type_ids, attention_mask)
+        hidden = encoded.sequence_output  # (B, T, C)
+        if masked_positions is not None:
+            # Gather before the head: the transform and the (C x V) projection then run on P instead of T
+            # positions per sequence (20 of 128 in phase 1), with the same loss.
+            index = masked_positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # (B, P, C)
+            hidden = torch.gather(hidden, 1, index)  # (B, P, C)
+        out = PreTrainingOutput(mlm_logits=self.mlm_head(hidden), nsp_logits=self.nsp_head(encoded.pooled_output))
+
+        losses = []
+        if masked_lm_labels is not None:
+            if masked_lm_labels.shape != out.mlm_logits.shape[:2]:
+                raise ValueError(f"masked_lm_labels has shape {tuple(masked_lm_labels.shape)}, expected "
+                                 f"{tuple(out.mlm_logits.shape[:2])} (one label per scored position)")
+            out.mlm_loss, out.mlm_correct, out.mlm_total = classification_loss(out.mlm_logits, masked_lm_labels)
+            losses.append(out.mlm_loss)
+        if next_sentence_labels is not None:
+            out.nsp_loss, out.nsp_correct, out.nsp_total = classification_loss(out.nsp_logits, next_sentence_labels)
+            losses.append(out.nsp_loss)
+        if losses:
+            out.loss = losses[0] if len(losses) == 1 else losses[0] + losses[1]
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FLOPs and model FLOPs utilisation (MFU)
+
+def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -> float:
+    """Model FLOPs per token of one training step (forward + backward) of BertForPreTraining.
+
+    Counts matrix multiplications only (as PaLM's MFU, Chowdhery et al. 2022, appendix B): a multiply-add is 2
+    FLOPs, and the backward pass costs twice the forward, hence 6 FLOPs per weight per token it touches.
+    - encoder: num_layers * (4 C^2 + 2 C I) weights (qkv, attention output, MLP), applied at all T positions;
+    - attention scores and their weighted sum: 2 T C multiply-adds per token per layer, so 12 * L * C * T;
+    - MLM head: transform C^2 + decoder C V, applied at P of T positions only (the gather above);
+    - pooler C^2 + NSP 2 C, applied once per sequence.
+    Embedding lookups, LayerNorm, softmax and GELU are left out. seq_len is the padded length the batch is run
+    at and tokens counted per second must include padding (B * T per step), since padding costs the same.
+    MFU = flops_per_token * tokens_per_second / peak_flops; see mfu().
+    """
+    C, I, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
+    encoder_weights = L * (4 * C * C + 2 * C * I)
+    mlm_head_weights_per_token = (C * C + C * V) * num_masked_per_seq / T
+    nsp_weights_per_token = (C * C + 2 * C) / T
+    attention = 12 * L * C * T
+    return 6 * (encoder_weights + mlm_head_weights_per_token + nsp_weights_per_token) + attention
+
+
+# Dense (no 2:4 sparsity) tensor-core peaks in FLOP/s for bf16 (fp16 on V100, which has no bf16), per GPU,
+# from NVIDIA's datasheets (which quote sparse figures at twice these).
+PEAK_FLOPS: dict[str, float] = {
+    "v100": 125e12,       # V100 SXM2 fp16 (the PCIe card: 112e12); V100 datasheet
+    "a100": 312e12,       # A100 SXM4 and PCIe, 40 and 80 GB; A100 datasheet
+    "a10": 125e12,        # A10 datasheet (GA102, 72 SMs)
+    # AWS's A10G variant: NVIDIA publishes no datasheet; the spec comparison most often cited gives 70 TFLOPS
+    # fp16 tensor (Baseten, "NVIDIA A10 vs A10G for ML model inference") - not 125, the A10's figure.
+    "a10g": 70e12,
+    "h100-sxm": 989e12,   # H100 SXM5; H100 datasheet (989.4; 1,979 with sparsity)
+    "h100-pcie": 756e12,  # H100 PCIe; H100 datasheet (1,513 with sparsity)
+    "h200": 989e12,       # H200 SXM, the same GH100 compute as the H100 SXM; H200 datasheet
+}
+
+
+def peak_flops_for_device(device_name: str) -> float | None:
+    """Peak bf16 FLOP/s for a torch.cuda.get_device_name() string, or None for an unknown GPU."""
+    name = device_name.lower()
+    if "nvl" in name:
+        return None  # the H100 / H200 NVL cards run at lower clocks than the SXM parts; not in the table
+    rules = [("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100"),
+             ("a10g", "a10g"), ("a10", "a10"), ("v100", "v100")]
+    for needle, key in rules:
+        if needle in name:
+            return PEAK_FLOPS[key]
+    return None
+
+
+def mfu(config: BertConfig, seq_len: int, num_masked_per_seq: int, tokens_per_second: float,
+        peak_flops: float | str, num_gpus: int = 1) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the hardware's peak, as a fraction.
+
+    tokens_per_second: padded tokens (B * T) processed per second by all num_gpus together.
+    peak_flops: FLOP/s of one GPU, or a key of PEAK_FLOPS.
+    """
+    if isinstance(peak_flops, str):
+        if peak_flops not in PEAK_FLOPS:
+            raise ValueError(f"unknown GPU {peak_flops!r}; known: {', '.join(PEAK_FLOPS)} (or pass FLOP/s)")
+        peak_flops = PEAK_FLOPS[peak_flops]
+    return flops_per_token(config, seq_len, num_masked_per_seq) * tokens_per_second / (peak_flops * num_gpus)
