@@ -22,6 +22,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `p
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.metrics.metric import MetricsFilter  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
@@ -107,11 +108,20 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
     log.info("%d input files, %d shards, vocabulary of %d (%s) -> %s", len(plan.files), plan.num_shards,
              plan.vocab_size, plan.vocab_source, plan.config.output_dir)
     prepare_output(plan, tokens)
-    with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, plan)
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, plan)
+    result = pipeline.run()
+    result.wait_until_finish()
     manifest = read_manifest(plan.config.output_dir)
     manifest["wall_seconds"] = time.perf_counter() - started
+    manifest["beam_counters"] = beam_counters(result)
     return manifest
+
+
+def beam_counters(result) -> dict[str, int]:
+    """The job's counters as the runner committed them (Dataflow shows the same ones in its console)."""
+    query = result.metrics().query(MetricsFilter().with_namespace("data_prep"))
+    return {counter.key.metric.name: counter.committed for counter in query["counters"]}
 
 
 def run(argv: list[str]) -> dict:

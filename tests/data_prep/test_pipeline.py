@@ -135,3 +135,40 @@ def test_a_vocabulary_trained_on_the_inputs_is_written_hashed_and_used(corpus, t
     ids = np.concatenate(pq.read_table(tmp_path / "out" / manifest["shards"][0]["parquet"]["path"])
                          .column("input_ids").to_numpy(zero_copy_only=False))
     assert ids.max() < len(tokens) and manifest["totals"]["instances"] > 0
+
+
+@pytest.mark.slow  # ~25 s: tokenizes a 10 MB line and three broken dumps
+def test_bad_inputs_are_skipped_and_counted_in_the_manifest_and_beam_metrics(tmp_path, shared_data):
+    import bz2
+    import shutil
+    corpus = tmp_path / "bad"
+    (corpus / "books").mkdir(parents=True)
+    (corpus / "wiki").mkdir()
+    shutil.copy(shared_data / "corpora" / "books" / "chesterton-ball.txt", corpus / "books")  # has a latin-1 byte
+    (corpus / "books" / "empty.txt").write_bytes(b"")
+    (corpus / "books" / "binary.txt").write_bytes(bytes(range(256)) * 64)
+    (corpus / "books" / "crlf.txt").write_bytes(b"One line here.\r\nAnd more text follows.\r\n\r\nA second paragraph.\r\n")
+    (corpus / "books" / "one-sentence.txt").write_text("Only this sentence stands here.\n")
+    (corpus / "books" / "long-line.txt").write_text(("word " * 2_000_000) + "\n")  # a 10 MB line
+    dump = (shared_data / "corpora" / "wikipedia" /
+            "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2").read_bytes()
+    (corpus / "wiki" / "truncated.xml.bz2").write_bytes(dump[: len(dump) // 3])
+    xml = bz2.decompress(dump)
+    (corpus / "wiki" / "broken.xml").write_bytes(xml[: len(xml) // 4])
+    corrupt = bytearray(dump)
+    corrupt[len(corrupt) // 2: len(corrupt) // 2 + 64] = b"\xff" * 64
+    (corpus / "wiki" / "corrupt.xml.bz2").write_bytes(bytes(corrupt))
+
+    manifest = run([f"inputs=[{{path: '{corpus}/books', format: books}}, {{path: '{corpus}/wiki', format: wikipedia}}]",
+                    f"output_dir={tmp_path / 'out'}", "preset=phase1", "num_shards=2", "dupe_factor=1"] + IN_PROCESS)
+    skipped, counters = manifest["skipped"], manifest["beam_counters"]
+    assert skipped["empty_file"] == 1 and skipped["binary_file"] == 1
+    assert skipped["corrupt_compression"] == 2 and skipped["malformed_xml"] == 1
+    assert manifest["repaired"]["non_utf8_lines_decoded_as_cp1252"] >= 1
+    for reason, count in skipped.items():
+        assert counters[f"skipped/{reason}"] == count
+    assert counters["documents"] == manifest["totals"]["documents"]
+    # Every good book survives (latin-1, CRLF, one sentence, the 10 MB line) and the broken dumps keep their
+    # complete pages.
+    assert manifest["totals"]["documents"] >= 4 + 3
+    assert manifest["totals"]["instances"] > 0
