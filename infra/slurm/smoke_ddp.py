@@ -1,0 +1,106 @@
+"""Cluster smoke check: a tiny Lightning DDP fit in every task of a SLURM allocation, in seconds.
+
+    srun python infra/slurm/smoke_ddp.py [--out DIR] [--strategy conf/strategy/ddp.yaml] [--steps N]
+                                         [--step-sleep S --root-dir DIR]   # to rehearse requeue + resume
+
+Run it with the same #SBATCH/srun geometry as the real job (e.g. `--nodes=2 --ntasks-per-node=8 --gpus-per-node=8`)
+before spending a queue slot on bert_large: it checks that Lightning detects SLURM, that every rank joins one
+process group (nccl on GPUs, gloo on CPUs), and that gradients are all-reduced (every rank ends with the same
+weights). Each rank prints one JSON line, and writes it to DIR/rank<N>.json when --out is given.
+Exit status 0 means every rank finished; tests/pipeline/test_slurm.py submits it to a real single-node SLURM.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT))
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+from pipeline.strategies import build_strategy  # noqa: E402
+
+
+class TinyRegression(pl.LightningModule):
+    def __init__(self, step_sleep: float = 0.0, progress: Path | None = None) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+        self.step_sleep, self.progress = step_sleep, progress
+        self.start_step: int | None = None
+
+    def on_train_start(self) -> None:
+        self.start_step = self.trainer.global_step      # > 0 when resumed from a checkpoint (hpc_ckpt on requeue)
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        if self.progress is not None:
+            self.progress.write_text(str(self.trainer.global_step))
+        time.sleep(self.step_sleep)                     # long enough to be interrupted, e.g. by a requeue signal
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):  # type: ignore[no-untyped-def]
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="directory for rank<N>.json")
+    parser.add_argument("--strategy", type=Path, default=REPO_ROOT / "conf" / "strategy" / "ddp.yaml")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep in each training step")
+    parser.add_argument("--root-dir", type=Path, default=None,
+                        help="Trainer default_root_dir: where hpc_ckpt_*.ckpt is saved on SIGUSR1 and found on restart")
+    args = parser.parse_args()
+
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    devices = int(os.environ.get("SLURM_NTASKS_PER_NODE", "1"))
+    num_nodes = int(os.environ.get("SLURM_NNODES", "1"))
+    strategy = build_strategy(OmegaConf.load(args.strategy), precision="32", gradient_clip_val=None,
+                              micro_batch_size=8, accumulate_grad_batches=1, optimizer_cfg=None,
+                              accelerator=accelerator)
+    pl.seed_everything(0)
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=8)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+    model = TinyRegression(args.step_sleep, args.out / f"progress-rank{rank}" if args.out else None)
+    trainer = pl.Trainer(accelerator=accelerator, devices=devices, num_nodes=num_nodes, strategy=strategy,
+                         max_steps=args.steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.root_dir)
+    trainer.fit(model, train_dataloaders=loader)
+
+    weights = torch.cat([p.detach().cpu().flatten() for p in model.parameters()])
+    report = {
+        "global_rank": trainer.global_rank,
+        "local_rank": trainer.local_rank,
+        "node_rank": trainer.node_rank,
+        "world_size": trainer.world_size,
+        "cluster_environment": type(trainer.strategy.cluster_environment).__name__,
+        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_procid": os.environ.get("SLURM_PROCID"),
+        "host": socket.gethostname(),
+        "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+        "start_step": model.start_step,
+        "global_step": trainer.global_step,
+        "weights_sha256": hashlib.sha256(weights.numpy().tobytes()).hexdigest(),
+    }
+    print(json.dumps(report), flush=True)
+    if args.out:
+        (args.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

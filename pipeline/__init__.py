@@ -1,0 +1,1 @@
+"""Training: the data loader (pipeline/data/), Lightning and DeepSpeed around model/."""

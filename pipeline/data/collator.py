@@ -1,0 +1,149 @@
+"""Rows -> the model's batch: padded, with segment ids, attention mask and masked-LM targets.
+
+The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
+  input_ids, token_type_ids, attention_mask   (B, T), T = the longest row rounded up to pad_to_multiple_of
+                                              (tensor-core friendly shapes), at most max_seq_length
+  masked_positions, masked_lm_labels          (B, P), P = max_predictions_per_seq; padding slots hold
+                                              position 0 and label -100 (ignored by the loss)
+  next_sentence_labels                        (B,), 1 = B is random
+Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
+the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
+masked the same way whatever batch, worker or rank it lands in, and differently every epoch. Because a row's
+masking does not depend on its batch, the loader masks the rows of many batches at once (mask_rows: the
+per-call numpy overhead of mask_batch is then shared by 64 batches, which makes masking about twice as fast)
+and collates them like static rows; unmasked rows given to the collator are masked per batch, with the same
+result.
+
+Everything is whole-array numpy: gathers with (B, T) index arrays, no loop over rows.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from data_prep.masking import MaskingConfig, MaskingVocab, mask_batch
+from data_prep.seeding import mix_seeds, stable_seed
+from pipeline.data.rows import Rows, concat
+from pipeline.data.shard_set import ShardSet
+
+IGNORE_INDEX = -100   # model.bert.IGNORE_INDEX: a label slot that takes no part in the loss
+MASK_CHUNK_ROWS = 8192   # at most this many rows per mask_batch call: bounds its (rows, seq) temporaries
+
+
+def dynamic_masking_seeds(seed: int, epoch: int, row_index: np.ndarray) -> np.ndarray:
+    """The instance seed of each row for dynamic masking in `epoch` (mask_batch's `instance_seeds`)."""
+    return _row_seeds(_epoch_seed(seed, epoch), row_index)
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return stable_seed(seed, "dynamic-masking", epoch)
+
+
+def _row_seeds(epoch_seed: int, row_index: np.ndarray) -> np.ndarray:
+    return mix_seeds(np.full(len(row_index), epoch_seed, dtype=np.uint64), np.asarray(row_index, dtype=np.uint64))
+
+
+class PretrainingCollator:
+    def __init__(self, *, max_seq_length: int, max_predictions_per_seq: int, pad_id: int, masking: str,
+                 masking_config: MaskingConfig | None = None, masking_vocab: MaskingVocab | None = None,
+                 seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False):
+        if masking not in ("static", "dynamic"):
+            raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
+        if masking == "dynamic" and (masking_config is None or masking_vocab is None):
+            raise ValueError("dynamic masking needs masking_config and masking_vocab")
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+        self.max_seq_length = max_seq_length
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.pad_id = pad_id
+        self.masking = masking
+        self.masking_config = masking_config
+        self.masking_vocab = masking_vocab
+        self.seed = seed
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.return_row_index = return_row_index   # adds "row_index" (B,): for tests and debugging only
+
+    @classmethod
+    def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> "PretrainingCollator":
+        return cls(max_seq_length=shard_set.max_seq_length, max_predictions_per_seq=shard_set.max_predictions_per_seq,
+                   pad_id=shard_set.special_tokens.pad, masking=shard_set.masking,
+                   masking_config=shard_set.masking_config, masking_vocab=shard_set.masking_vocab, **kwargs)
+
+    def padded_length(self, num_tokens: np.ndarray) -> int:
+        longest = int(num_tokens.max())
+        if longest > self.max_seq_length:
+            raise ValueError(f"a row has {longest} tokens, more than max_seq_length={self.max_seq_length}")
+        multiple = self.pad_to_multiple_of
+        return min(self.max_seq_length, -(-longest // multiple) * multiple)
+
+    def mask_rows(self, rows: Rows, epoch: int) -> Rows:
+        """Dynamic masking of any number of rows, returned with their masking (the layout of static rows)."""
+        if rows.is_masked:
+            raise ValueError("these rows are masked already")
+        return concat([self._mask_chunk(rows.take(np.arange(begin, min(begin + MASK_CHUNK_ROWS, len(rows)))), epoch)
+                       for begin in range(0, len(rows), MASK_CHUNK_ROWS)])
+
+    def _mask_chunk(self, rows: Rows, epoch: int) -> Rows:
+        num_tokens = rows.num_tokens
+        width = self.padded_length(num_tokens)
+        is_token = np.arange(width)[None, :] < num_tokens[:, None]
+        # Stored dtype (int16 for BERT's vocabularies): masking copies these arrays, so narrow is faster.
+        input_ids = _gather_padded(rows.token_values, rows.token_starts, is_token, 0, rows.token_values.dtype)
+        masked = mask_batch(input_ids, num_tokens, rows.num_tokens_a,
+                            dynamic_masking_seeds(self.seed, epoch, rows.row_index), self.masking_config,
+                            self.masking_vocab)
+        is_masked = np.arange(masked.positions.shape[1])[None, :] < masked.num_masked[:, None]
+        num_masked = masked.num_masked.astype(np.int64)
+        return Rows(masked.input_ids[is_token], np.cumsum(num_tokens) - num_tokens, num_tokens, rows.num_tokens_a,
+                    rows.next_sentence_label, rows.row_index, masked_positions=masked.positions[is_masked],
+                    masked_ids=masked.labels[is_masked], masked_starts=np.cumsum(num_masked) - num_masked,
+                    num_masked=num_masked)
+
+    def __call__(self, rows: Rows, epoch: int) -> dict[str, torch.Tensor]:
+        return {name: torch.from_numpy(array) for name, array in self.arrays(rows, epoch).items()}
+
+    def arrays(self, rows: Rows, epoch: int) -> dict[str, np.ndarray]:
+        """The batch as int64 numpy arrays (what __call__ wraps in tensors)."""
+        num_tokens = rows.num_tokens
+        width = self.padded_length(num_tokens)
+        columns = np.arange(width)
+        is_token = columns[None, :] < num_tokens[:, None]                               # (B, T)
+        input_ids = _gather_padded(rows.token_values, rows.token_starts, is_token, self.pad_id)
+        token_type_ids = (columns[None, :] >= (rows.num_tokens_a + 2)[:, None]) & is_token
+
+        slots = np.arange(self.max_predictions_per_seq)
+        if rows.is_masked:    # a static set's rows, or a dynamic set's after mask_rows
+            is_masked = slots[None, :] < rows.num_masked[:, None]                          # (B, P)
+            positions = _gather_padded(rows.masked_positions, rows.masked_starts, is_masked, 0)
+            labels = _gather_padded(rows.masked_ids, rows.masked_starts, is_masked, IGNORE_INDEX)
+        else:
+            seeds = dynamic_masking_seeds(self.seed, epoch, rows.row_index)
+            masked = mask_batch(input_ids, num_tokens, rows.num_tokens_a, seeds, self.masking_config,
+                                self.masking_vocab)
+            input_ids, positions = masked.input_ids, masked.positions
+            labels = np.where(slots[None, :] < masked.num_masked[:, None], masked.labels, IGNORE_INDEX)
+
+        batch = {
+            "input_ids": input_ids,
+            "token_type_ids": token_type_ids.astype(np.int64),
+            "attention_mask": is_token.astype(np.int64),
+            "masked_positions": positions,
+            "masked_lm_labels": labels,
+            "next_sentence_labels": rows.next_sentence_label,
+        }
+        if self.return_row_index:
+            batch["row_index"] = rows.row_index
+        return {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in batch.items()}
+
+
+def _gather_padded(values: np.ndarray, starts: np.ndarray, valid: np.ndarray, fill: int,
+                   dtype: np.dtype = np.int64) -> np.ndarray:
+    """(B, W): row b is values[starts[b]:starts[b] + its length], then `fill` where `valid` is False."""
+    if len(values) == 0:
+        return np.full(valid.shape, fill, dtype=dtype)
+    index = starts[:, None] + np.arange(valid.shape[1])[None, :]
+    np.minimum(index, len(values) - 1, out=index)   # padding slots may point past the end; they are overwritten
+    return np.where(valid, values[index], fill).astype(dtype, copy=False)

@@ -1,0 +1,130 @@
+"""The LightningDataModule for pre-training: a validated shard set, one stream per rank, exact resume.
+
+- setup() opens the shard set, so a set that does not fit the model (sequence length, vocabulary, format)
+  fails before training starts.
+- train_dataloader() gives this rank its share (rank and world size from the attached trainer; rank 0 of 1
+  without one). Each time Lightning starts iterating it (every epoch), the loader asks for the epoch and the
+  batches of it already consumed (see loader.py and _epoch_and_skip), so reload_dataloaders_every_n_epochs
+  is NOT needed (with it, Lightning merely rebuilds an identical loader every epoch).
+- state_dict() goes into every Lightning checkpoint: the epoch and how many batches of it this rank has
+  consumed, with the layout. A fit resumed from that checkpoint continues with exactly the batch after the
+  last one trained. Resume with the same world size, num_workers and micro_batch_size (a warning otherwise).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+try:
+    # pytorch-lightning 2.x installs the `pytorch_lightning` namespace, which the rest of this project uses; a
+    # DataModule of one namespace cannot be used by a Trainer of the other.
+    import pytorch_lightning as pl
+except ImportError:  # only the unified `lightning` package is installed
+    import lightning.pytorch as pl
+
+from pipeline.data.dataset import PretrainingDataset
+from pipeline.data.loader import PretrainingDataLoader, pin_memory_default
+from pipeline.data.shard_set import ShardSet
+
+# Lightning warns that an IterableDataset's __len__ "could be inaccurate" with several workers unless each is
+# configured to read different data. PretrainingDataset's workers are (epoch_plan.py), and its len() is exact.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined")
+
+
+class PretrainingDataModule(pl.LightningDataModule):
+    def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
+                 seed: int = 0, pad_to_multiple_of: int = 8):
+        super().__init__()
+        self.path = str(path)
+        self.max_seq_length = max_seq_length
+        self.vocab_size = vocab_size
+        self.micro_batch_size = micro_batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.shard_set: ShardSet | None = None
+        self.epoch = 0                      # without a trainer: the epoch set_epoch() gave
+        self._batches_per_epoch: int | None = None
+        self._loaded_state: dict[str, Any] | None = None
+
+    # -- Lightning hooks ---------------------------------------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.shard_set is None:
+            self.shard_set = ShardSet.open(self.path, max_seq_length=self.max_seq_length, vocab_size=self.vocab_size)
+
+    def train_dataloader(self) -> PretrainingDataLoader:
+        self.setup()
+        rank, world_size = self._rank_and_world_size()
+        dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
+                                     num_workers=self.num_workers, seed=self.seed,
+                                     pad_to_multiple_of=self.pad_to_multiple_of)
+        self._batches_per_epoch = len(dataset)
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
+
+    def state_dict(self) -> dict[str, Any]:
+        """{epoch, batches of it this rank has consumed}, and the layout that position holds for."""
+        position = self._batches_processed()
+        if position is None or self._batches_per_epoch is None:
+            return {}
+        epoch, consumed = divmod(position, self._batches_per_epoch)
+        return {"epoch": epoch, "batches_consumed": consumed, "batches_per_epoch": self._batches_per_epoch,
+                **self._layout()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Checks the layout: the position itself comes back with Lightning's restored batch count."""
+        if not state_dict:
+            return
+        changed = {key: (state_dict.get(key), value) for key, value in self._layout().items()
+                   if state_dict.get(key) != value}
+        if changed and state_dict["batches_consumed"]:
+            warnings.warn(
+                f"resuming mid-epoch with a different data layout ("
+                f"{', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}): the position is kept as a count "
+                "of batches, so some rows of this epoch will be seen twice and others not at all", stacklevel=2)
+        self._loaded_state = dict(state_dict)
+
+    # -- without Lightning ----------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch for the next iteration when no trainer is attached."""
+        self.epoch = epoch
+
+    # -------------------------------------------------------------------------------------------------------
+
+    def _rank_and_world_size(self) -> tuple[int, int]:
+        if self.trainer is None:
+            return 0, 1
+        return self.trainer.global_rank, self.trainer.world_size
+
+    def _layout(self) -> dict[str, Any]:
+        return {"world_size": self._rank_and_world_size()[1], "num_workers": self.num_workers,
+                "micro_batch_size": self.micro_batch_size, "seed": self.seed}
+
+    def _batches_processed(self) -> int | None:
+        """Training batches this rank has processed in the whole fit, restored from the checkpoint on resume."""
+        if self.trainer is None:
+            return None
+        return int(self.trainer.fit_loop.epoch_loop.batch_progress.total.processed)
+
+    def _epoch_and_skip(self) -> tuple[int, int]:
+        """For the loader at each iter(): the data epoch to play and how many of its batches are consumed.
+
+        Both come from Lightning's count of processed batches P: epoch P // len, batch P % len. In an ordinary
+        run that is (current_epoch, 0) at every epoch start. On resume it is the exact position, also where
+        Lightning's epoch counter is not: resumed from a checkpoint of an epoch's last batch or of
+        on_train_epoch_end, Lightning 2.6 re-enters the finished epoch (or skips to the one after next) before
+        carrying on; the data stream stays the uninterrupted one, only Lightning's epoch boundaries move.
+        """
+        position = self._batches_processed()
+        if position is None:
+            return self.epoch, 0
+        if self._loaded_state is not None:
+            state, self._loaded_state = self._loaded_state, None
+            if state.get("batches_per_epoch") == self._batches_per_epoch:
+                expected = state["epoch"] * state["batches_per_epoch"] + state["batches_consumed"]
+                if expected != position:
+                    warnings.warn(f"the checkpoint's data position ({expected} batches) differs from Lightning's "
+                                  f"restored batch count ({position}); following Lightning's", stacklevel=2)
+        return divmod(position, self._batches_per_epoch)

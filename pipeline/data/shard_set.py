@@ -1,0 +1,230 @@
+"""A shard set written by data_prep, opened for training: its manifest checked against the model's settings.
+
+Everything that would make training silently wrong (another sequence length, another vocabulary, a format this
+reader does not know, missing or truncated shards) is refused here, when the DataModule is set up, before a
+single step runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from data_prep.layout import MANIFEST_NAME, VOCAB_NAME
+from data_prep.masking import MaskingConfig, MaskingVocab
+from data_prep.vocab import SPECIAL_TOKENS, parse_vocab, vocab_sha256
+
+# Manifest format versions this reader understands. Not data_prep.manifest.FORMAT_VERSION itself: a newer
+# data_prep must be refused until this reader has learnt its format.
+SUPPORTED_FORMAT_VERSIONS = (1,)
+MASKING_MODES = ("static", "dynamic")
+BASE_COLUMNS = ("input_ids", "num_tokens_a", "next_sentence_label")
+STATIC_COLUMNS = ("masked_lm_positions", "masked_lm_ids")
+# The data_prep presets that write each sequence length (for the messages below).
+_PRESET_FOR_LENGTH = {128: "phase1", 512: "phase2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokenIds:
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardFile:
+    path: str   # absolute (or URI)
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RowGroups:
+    """Every Parquet row group of the set, in set order (shards as the manifest lists them, then file order).
+
+    Arrays rather than objects: a set of the full corpus has tens of thousands of groups, and this table is
+    sent to every loader worker.
+    """
+
+    file: np.ndarray        # index into ShardSet.shards
+    index: np.ndarray       # row group index within that file
+    rows: np.ndarray        # rows in the group
+    first_row: np.ndarray   # global index of its first row: a row's identity for dynamic masking seeds
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardSet:
+    path: str
+    manifest: dict[str, Any]
+    shards: tuple[ShardFile, ...]
+    row_groups: RowGroups
+    special_tokens: SpecialTokenIds
+    masking_vocab: MaskingVocab   # what dynamic masking needs: [MASK], replacement ids, '##' pieces
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.manifest["parameters"]
+
+    @property
+    def masking(self) -> str:
+        """'static' (shards hold masked rows and their labels) or 'dynamic' (the collator masks)."""
+        return self.parameters["masking"]
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.parameters["max_seq_length"])
+
+    @property
+    def max_predictions_per_seq(self) -> int:
+        return int(self.parameters["max_predictions_per_seq"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def masking_config(self) -> MaskingConfig:
+        """The masking data_prep used (or would use): the loader masks dynamic sets with exactly this."""
+        p = self.parameters
+        return MaskingConfig(p["masked_lm_prob"], p["max_predictions_per_seq"], p["whole_word_masking"])
+
+    @property
+    def total_rows(self) -> int:
+        return int(self.row_groups.rows.sum())
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return BASE_COLUMNS + (STATIC_COLUMNS if self.masking == "static" else ())
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, max_seq_length: int, vocab_size: int,
+             verify_checksums: bool = False) -> "ShardSet":
+        """Open the set at `path` for a model of `vocab_size` tokens trained on sequences of `max_seq_length`.
+
+        Raises FileNotFoundError for a missing set or shard, ValueError for a set that does not fit.
+        verify_checksums: also hash every shard against the manifest (reads the whole set once).
+        """
+        path = str(path)
+        manifest = _read_manifest(path, max_seq_length)
+        _check_fits(path, manifest, max_seq_length, vocab_size)
+        if verify_checksums:
+            from data_prep.manifest import verify_checksums as corrupted_files
+            if bad := corrupted_files(path, manifest):
+                raise ValueError(f"shard set {path}: {bad} differ from the sizes and sha256 in its manifest (corrupted "
+                                 "or rewritten); re-run data_prep or restore them")
+        tokens = _read_vocab(path, manifest)
+        shards = tuple(ShardFile(_join(path, s["parquet"]["path"]), int(s["rows"])) for s in manifest["shards"])
+        row_groups = _row_groups(shards, manifest)
+        if int(row_groups.rows.sum()) == 0:
+            raise ValueError(f"shard set {path} holds no rows: its inputs gave no instances (see the manifest's "
+                             "'skipped' counts)")
+        special = SpecialTokenIds(*(tokens.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")))
+        return cls(path, manifest, shards, row_groups, special,
+                   MaskingVocab.from_tokens(tokens, set(SPECIAL_TOKENS)))
+
+
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
+
+
+def _prepare_command(path: str, max_seq_length: int) -> str:
+    preset = _PRESET_FOR_LENGTH.get(max_seq_length)
+    preset_args = f"preset={preset}" if preset else f"preset=phase1 max_seq_length={max_seq_length}"
+    return f"python data_prep/run.py {preset_args} inputs='[...]' output_dir={path}"
+
+
+def _read_manifest(path: str, max_seq_length: int) -> dict[str, Any]:
+    # Imported here: data_prep.manifest loads Apache Beam (~1.5 s), which loader worker processes never need.
+    from data_prep.manifest import read_manifest
+    if "://" not in path and not os.path.isdir(path):
+        raise FileNotFoundError(f"no shard set at {path}: the directory does not exist. Prepare one with "
+                                f"`{_prepare_command(path, max_seq_length)}`")
+    try:
+        return read_manifest(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no shard set at {path}: {MANIFEST_NAME} is missing (data_prep writes it last, "
+                                f"so the job never ran there or did not finish). Prepare the set with "
+                                f"`{_prepare_command(path, max_seq_length)}`") from None
+
+
+def _check_fits(path: str, manifest: dict[str, Any], max_seq_length: int, vocab_size: int) -> None:
+    version = manifest.get("format_version")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise ValueError(f"shard set {path} has manifest format_version {version!r}; this loader reads versions "
+                         f"{list(SUPPORTED_FORMAT_VERSIONS)}. Re-run data_prep from this checkout, or update "
+                         "pipeline/data/ to read the new format.")
+    data_length = int(manifest["parameters"]["max_seq_length"])
+    if data_length != max_seq_length:
+        raise ValueError(
+            f"shard set {path} was prepared with max_seq_length={data_length}, but training is configured for "
+            f"max_seq_length={max_seq_length}. Either set data.max_seq_length={data_length} in the training config "
+            f"(PretrainingDataModule(max_seq_length=...)), or prepare a set of {max_seq_length}-token sequences: "
+            f"`{_prepare_command('<new output_dir>', max_seq_length)}`.")
+    data_vocab = int(manifest["tokenizer"]["vocab_size"])
+    if data_vocab != vocab_size:
+        raise ValueError(
+            f"shard set {path} was tokenized with a vocabulary of {data_vocab} tokens ({VOCAB_NAME} in the set), "
+            f"but the model has vocab_size={vocab_size}. Either set model.vocab_size={data_vocab} in the training "
+            f"config, or re-run data_prep with a {vocab_size}-token vocabulary (vocab.file=<its vocab.txt>, or "
+            f"vocab.file=null vocab.size={vocab_size} to train one).")
+    masking = manifest["parameters"].get("masking")
+    if masking not in MASKING_MODES:
+        raise ValueError(f"shard set {path} has masking={masking!r}; this loader knows {list(MASKING_MODES)}")
+
+
+def filesystem_and_path(path: str):
+    """The pyarrow filesystem for a local path or a URI (gs://, s3://, hdfs://), and the path within it."""
+    from pyarrow import fs as pafs
+    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
+
+
+def _read_vocab(path: str, manifest: dict[str, Any]) -> list[str]:
+    vocab_path = _join(path, manifest["tokenizer"].get("vocab_file", VOCAB_NAME))
+    filesystem, inner = filesystem_and_path(vocab_path)
+    try:
+        with filesystem.open_input_stream(inner) as handle:
+            tokens = parse_vocab(handle.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{vocab_path} is missing: the shard set is incomplete; re-run data_prep") from None
+    # A vocabulary edited after the job would give ids that no longer mean what the shards were written with.
+    if vocab_sha256(tokens) != manifest["tokenizer"]["vocab_sha256"]:
+        raise ValueError(f"{vocab_path} differs from the vocabulary the shards were written with (sha256 in "
+                         f"{MANIFEST_NAME}); restore it or re-run data_prep")
+    if len(tokens) != int(manifest["tokenizer"]["vocab_size"]):
+        raise ValueError(f"{vocab_path} has {len(tokens)} tokens but {MANIFEST_NAME} says "
+                         f"{manifest['tokenizer']['vocab_size']}")
+    return tokens
+
+
+def _row_groups(shards: tuple[ShardFile, ...], manifest: dict[str, Any]) -> RowGroups:
+    """Row group sizes from each shard's Parquet footer (a few KB read per file), checked against the manifest."""
+    files, indices, rows = [], [], []
+    required = BASE_COLUMNS + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
+    for file_index, shard in enumerate(shards):
+        filesystem, inner = filesystem_and_path(shard.path)
+        try:
+            metadata = pq.read_metadata(inner, filesystem=filesystem)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{shard.path} is listed in the manifest but missing: the shard set is "
+                                    "incomplete; re-run data_prep or restore the file") from None
+        names = set(metadata.schema.to_arrow_schema().names)
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise ValueError(f"{shard.path} lacks the columns {missing} that its manifest promises")
+        sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        if sum(sizes) != shard.rows:
+            raise ValueError(f"{shard.path} holds {sum(sizes)} rows but the manifest says {shard.rows}: the file was "
+                             "truncated or replaced; re-run data_prep")
+        files += [file_index] * len(sizes)
+        indices += range(len(sizes))
+        rows += sizes
+    rows_array = np.array(rows, dtype=np.int64)
+    first_row = np.zeros(len(rows_array), dtype=np.int64)
+    np.cumsum(rows_array[:-1], out=first_row[1:])
+    return RowGroups(np.array(files, dtype=np.int64), np.array(indices, dtype=np.int64), rows_array, first_row)

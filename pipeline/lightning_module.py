@@ -1,0 +1,174 @@
+"""BertPretrainingModule: model/BertForPreTraining inside Lightning, with BERT's pre-training metrics.
+
+Metrics (logged every trainer.log_every_n_steps optimizer steps, over all the micro-batches and ranks since the
+last log):
+    train/loss, train/mlm_loss, train/nsp_loss   means over the micro-batches of the window
+    train/mlm_acc, train/nsp_acc                 sum(correct) / sum(total) over the window, all ranks
+    train/lr                                     the rate of the step's first parameter group
+    train/grad_norm                              total 2-norm of the gradients before clipping
+Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers).
+
+Exact resume: Lightning restores weights, optimizer, scheduler, loop counters and the DataModule's position; the
+module adds the torch (CPU and CUDA), numpy and Python RNG states, so dropout after a resume draws the same
+masks as an uninterrupted run. They are restored at the first training batch after the restore, not in
+on_load_checkpoint: between the two, creating the DataLoader iterator draws a seed from torch's global RNG
+(torch.utils.data's _BaseDataLoaderIter), which an uninterrupted run drew before the checkpoint.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from model import BertConfig, BertForPreTraining
+from pipeline.optim import build_optimizer, build_scheduler
+
+RNG_KEY = "rng_states"
+# Order of the per-window sums: [loss, mlm_loss, nsp_loss, micro_batches, mlm_correct, mlm_total, nsp_correct,
+# nsp_total]
+_LOSS_SLOTS = slice(0, 3)
+
+
+class BertPretrainingModule(pl.LightningModule):
+    def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
+                 max_steps: int, overfit_batches: int = 0):
+        """model_config: BertConfig fields; optimizer / scheduler: the `optimizer` and `scheduler` configs
+        (pipeline/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
+        overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
+        the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset)."""
+        super().__init__()
+        self.save_hyperparameters()
+        self.config = BertConfig(**model_config)
+        self.model = BertForPreTraining(self.config)
+        self._window: torch.Tensor | None = None   # per-log-window sums, see _LOSS_SLOTS
+        self._pending_rng: dict[str, Any] | None = None
+        self._grad_norm_from_engine = False
+        self._overfit_cache: list[dict[str, torch.Tensor]] = []
+        self._micro_batches_seen = 0
+
+    # -- training -------------------------------------------------------------------------------------------
+
+    def forward(self, **batch: torch.Tensor):
+        return self.model(**batch)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.hparams.overfit_batches:
+            batch = self._overfit_batch(batch)
+        out = self.model(**batch)
+        sums = torch.stack([out.loss.detach().float(), out.mlm_loss.detach().float(), out.nsp_loss.detach().float(),
+                            torch.ones((), device=out.loss.device), out.mlm_correct.float(), out.mlm_total.float(),
+                            out.nsp_correct.float(), out.nsp_total.float()])
+        self._window = sums if self._window is None else self._window + sums
+        if self._is_step_boundary() and self._is_log_step():
+            self._log_window()
+        return self._loss_for_backward(out.loss)
+
+    def _overfit_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        index = self._micro_batches_seen % self.hparams.overfit_batches
+        self._micro_batches_seen += 1
+        if index == len(self._overfit_cache):
+            self._overfit_cache.append(batch)
+        return self._overfit_cache[index]
+
+    def _loss_for_backward(self, loss: torch.Tensor) -> torch.Tensor:
+        """Lightning divides the returned loss by accumulate_grad_batches; DeepSpeed's engine.backward divides it
+        again (scale_wrt_gas), so under DeepSpeed with accumulation the gradients would be 1/accumulation of the
+        mean (Lightning issue #6170; transformers fixed the same in PR #35808): gradient clipping and Adam's eps
+        would act on the wrong scale. Undo Lightning's division where the strategy accumulates itself."""
+        accumulation = self.trainer.accumulate_grad_batches
+        if accumulation > 1 and self.trainer.strategy.handles_gradient_accumulation:
+            return loss * accumulation
+        return loss
+
+    def _is_step_boundary(self) -> bool:
+        """True on the last micro-batch of an optimizer step (Lightning's own test, incl. the epoch's last batch)."""
+        return not self.trainer.fit_loop._should_accumulate()
+
+    def _is_log_step(self) -> bool:
+        """Whether Lightning writes the loggers after the current step (its should_update_logs, for the step about
+        to complete: global_step counts the steps already done)."""
+        every = self.trainer.log_every_n_steps
+        return bool(every) and (self.trainer.global_step + 1) % every == 0 or bool(self.trainer.fast_dev_run)
+
+    def _log_window(self) -> None:
+        sums = self.trainer.strategy.reduce(self._window, reduce_op="sum")
+        self._window = None
+        micro_batches = sums[3].clamp(min=1)
+        loss, mlm_loss, nsp_loss = (sums[_LOSS_SLOTS] / micro_batches).unbind()
+        metrics = {
+            "train/loss": loss, "train/mlm_loss": mlm_loss, "train/nsp_loss": nsp_loss,
+            "train/mlm_acc": sums[4] / sums[5].clamp(min=1), "train/nsp_acc": sums[6] / sums[7].clamp(min=1),
+            "train/lr": torch.tensor(self._current_lr()),
+        }
+        # Already reduced over ranks: no sync_dist (it would average identical values at the cost of a collective).
+        self.log_dict({k: v for k, v in metrics.items() if k != "train/loss"}, on_step=True, on_epoch=False)
+        self.log("train/loss", metrics["train/loss"], on_step=True, on_epoch=False, prog_bar=True)
+
+    def _current_lr(self) -> float:
+        optimizers = self.trainer.optimizers
+        return float(optimizers[0].param_groups[0]["lr"]) if optimizers else float("nan")
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Called after the (unscaled) gradients are complete and before Lightning clips them. With DeepSpeed it
+        # is called on every micro-batch and the gradients are ZeRO partitions: the engine's norm is logged instead.
+        if not (self._is_step_boundary() and self._is_log_step()):
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not grads:
+            self._grad_norm_from_engine = True
+            return
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._grad_norm_from_engine:
+            self._grad_norm_from_engine = False
+            engine = getattr(self.trainer.strategy, "deepspeed_engine", None)
+            norm = engine.get_global_grad_norm() if engine is not None else None
+            if norm is not None:
+                self.log("train/grad_norm", float(norm), on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.model, self.hparams.optimizer)
+        scheduler = build_scheduler(optimizer, self.hparams.scheduler, self.hparams.max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    # -- exact resume -------------------------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RNG_KEY] = capture_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._pending_rng = checkpoint.get(RNG_KEY)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self._pending_rng is not None:
+            restore_rng_states(self._pending_rng)
+            self._pending_rng = None
+
+
+def capture_rng_states() -> dict[str, Any]:
+    """This process's RNG states. Only rank 0 writes the checkpoint, and every rank restores rank 0's states: right
+    because seed_everything gives every rank the same seed and every rank draws the same numbers (dropout of the
+    same shapes), so their streams are identical; CUDA's is the current device's, the one this rank draws from."""
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    # Tensors and plain Python values only: Lightning loads checkpoints with torch.load(weights_only=True).
+    numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+    states = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])

@@ -1,0 +1,121 @@
+"""Loggers from the `logger` config: the CSV log always (the curves plot reads it), Weights & Biases by `mode`.
+
+    disabled   no W&B at all
+    offline    <output_dir>/wandb/offline-run-*/run-*.wandb; no network. Upload later: `wandb sync <that dir>`
+    online     streams to W&B; the API key is read by wandb from WANDB_API_KEY and nowhere else
+
+The key never passes through this code: it is not read, logged, or put into any config (Lightning's
+hyperparameters, Hydra's .hydra/ dump and W&B's run config hold only the training config). W&B's files (run
+directory, cache, artefact staging) are kept inside the run's output directory unless WANDB_DIR / WANDB_CACHE_DIR
+/ WANDB_DATA_DIR say otherwise.
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.loggers.logger import rank_zero_experiment
+
+WANDB_MODES = ("disabled", "offline", "online")
+CSV_DIR = "csv"
+
+
+def csv_metrics_path(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CSV_DIR / "metrics.csv"
+
+
+def check_logger_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse, before training, a W&B mode that cannot work."""
+    mode = cfg.get("mode", "disabled")
+    if mode not in WANDB_MODES:
+        raise ValueError(f"logger.mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
+    if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+        raise ValueError("logger.mode=online needs a W&B API key in the WANDB_API_KEY environment variable (it is "
+                         "read from there only, never from a config); or use logger.mode=offline and "
+                         "`wandb sync` the run directory later")
+
+
+class _AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that it continues an existing metrics.csv instead of deleting it."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
+                self.metrics_keys = sorted(next(csv.reader(handle), []))
+
+
+class ResumableCSVLogger(CSVLogger):
+    """A CSVLogger flushed at every log step, so a run killed without warning keeps its log up to its last logged
+    step; with append=True (a resumed run) it continues the run's metrics.csv. The steps between the checkpoint and
+    the crash then appear twice: the plot keeps the later rows."""
+
+    def __init__(self, *args: Any, append: bool = False, **kwargs: Any):
+        super().__init__(*args, flush_logs_every_n_steps=1, **kwargs)
+        self._append = append
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None and self._append:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return super().experiment
+
+
+def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Mapping[str, Any] | None = None,
+                  resume: bool = False) -> list[Logger]:
+    """cfg: the `logger` config; run_config: the resolved training config, recorded as the W&B run's config;
+    resume: continue the output directory's CSV log (a run resumed from a checkpoint) rather than start it anew."""
+    check_logger_config(cfg)
+    output_dir = Path(output_dir)
+    loggers: list[Logger] = [ResumableCSVLogger(save_dir=str(output_dir), name="", version=CSV_DIR, append=resume)]
+    mode = cfg.get("mode", "disabled")
+    if mode == "disabled":
+        return loggers
+
+    from pytorch_lightning.loggers import WandbLogger
+
+    (output_dir / "wandb").mkdir(parents=True, exist_ok=True)
+    logger = WandbLogger(
+        save_dir=str(output_dir),
+        project=cfg.get("project") or "bert-pretraining",
+        entity=cfg.get("entity"),
+        name=cfg.get("name"),
+        group=cfg.get("group"),
+        tags=list(cfg.get("tags") or []),
+        log_model=bool(cfg.get("log_model", False)),
+        mode=mode,
+        config=dict(run_config) if run_config is not None else None,
+    )
+    loggers.append(logger)
+    return loggers
+
+
+@contextlib.contextmanager
+def wandb_environment(output_dir: str | Path) -> Iterator[None]:
+    """Keep W&B's files in the run: WANDB_DIR, WANDB_CACHE_DIR and WANDB_DATA_DIR point inside output_dir for the
+    duration (each only where the environment does not set it already), then are put back."""
+    wandb_dir = Path(output_dir) / "wandb"
+    wanted = {"WANDB_DIR": str(output_dir), "WANDB_CACHE_DIR": str(wandb_dir / "cache"),
+              "WANDB_DATA_DIR": str(wandb_dir / "data")}
+    added = [key for key in wanted if key not in os.environ]
+    os.environ.update({key: wanted[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def finish_wandb(loggers: list[Logger]) -> None:
+    """Close the W&B run (Lightning leaves it open), so an offline run's files are complete when train() returns."""
+    from pytorch_lightning.loggers import WandbLogger
+
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:
+            logger.experiment.finish()

@@ -1,0 +1,156 @@
+"""The training stream: disjoint shares per rank and worker, per-epoch shuffles, exact resume, worker transfer."""
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from pipeline.data import epoch_plan
+from pipeline.data.dataset import PretrainingDataset
+from pipeline.data.loader import PretrainingDataLoader
+from pipeline.data.rows import RowGroupReader
+from pipeline.data.sample_sets import SMALL_BOOKS, cached_books_set
+from pipeline.data.shard_set import ShardSet
+
+BATCH = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """2 cores shared with other work (tests/pipeline/conftest.py allows 2 for the training runs)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def regrouped_set(tmp_path_factory, shared_data):
+    """The real static set (one shard, one row group) rewritten as 3 shard files of 64-row groups, so that
+    shares start and end inside row groups and resuming can skip whole groups and buffers."""
+    books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
+    source = cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
+    target = tmp_path_factory.mktemp("regrouped")
+    for name in ("vocab.txt", "tokenizer.json"):
+        shutil.copy(source / name, target / name)
+    manifest = json.loads((source / "manifest.json").read_text())
+    table = pa.concat_tables(pq.read_table(source / s["parquet"]["path"]) for s in manifest["shards"])
+    bounds = np.linspace(0, table.num_rows, 4).astype(int)
+    manifest["shards"] = []
+    for index in range(3):
+        name = f"shard-{index:05d}-of-00003.parquet"
+        pq.write_table(table.slice(bounds[index], bounds[index + 1] - bounds[index]), target / name,
+                       row_group_size=64)
+        data = (target / name).read_bytes()
+        manifest["shards"].append({"index": index, "rows": int(bounds[index + 1] - bounds[index]), "documents": 0,
+                                   "parquet": {"path": name, "bytes": len(data),
+                                               "sha256": hashlib.sha256(data).hexdigest()}})
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    shard_set = ShardSet.open(target, max_seq_length=128, vocab_size=30522)
+    assert len(shard_set.row_groups) == 27 and shard_set.total_rows == table.num_rows
+    return shard_set
+
+
+def dataset(shard_set, **kwargs):
+    kwargs.setdefault("return_row_index", True)
+    kwargs.setdefault("shuffle_buffer_row_groups", 2)
+    return PretrainingDataset(shard_set, BATCH, **kwargs)
+
+
+def rows_of(batches):
+    return [batch["row_index"].tolist() for batch in batches]
+
+
+def assert_same_batches(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- the plan ------------------------------------------------------------------------------------------------
+
+def test_consumer_shares_tile_the_shuffled_stream_and_resume_arithmetic_adds_up():
+    sizes = np.random.default_rng(0).integers(1, 50, size=40)
+    order = epoch_plan.row_group_order(len(sizes), seed=1, epoch=2)
+    stream = np.concatenate([np.arange(sizes[g]) + sizes[:g].sum() for g in order])
+    consumers, share = 6, epoch_plan.batches_per_consumer(sizes.sum(), 6, 7) * 7
+    covered = [row for c in range(consumers) for p in epoch_plan.consumer_pieces(sizes, order, c, share)
+               for row in range(sizes[:p.group].sum() + p.start, sizes[:p.group].sum() + p.stop)]
+    assert covered == stream[:consumers * share].tolist()
+    assert sizes.sum() - consumers * share < consumers * 7
+    for workers in (1, 2, 3):
+        for consumed in range(12):
+            assert sum(epoch_plan.batches_consumed_by_role(r, consumed, workers) for r in range(workers)) == consumed
+            # process 0 of a resumed loader delivers first: it must play the worker that owns batch `consumed`
+            assert epoch_plan.worker_role(0, consumed, workers) == consumed % workers
+
+
+# -- shares, shuffles ------------------------------------------------------------------------------------------
+
+def test_two_ranks_of_two_workers_read_every_row_at_most_once_and_equally_many(regrouped_set):
+    seen, lengths = [], []
+    for rank in range(2):
+        data = dataset(regrouped_set, rank=rank, world_size=2, num_workers=2)
+        batches = list(PretrainingDataLoader(data))
+        assert len(batches) == len(data)            # every rank the same number of batches: DDP never waits
+        lengths.append(len(batches))
+        seen += [row for rows in rows_of(batches) for row in rows]
+        if rank == 1:
+            # The in-process iteration plays the workers in the DataLoader's order; a plain DataLoader gives the
+            # same batches (without the one-tensor transfer).
+            assert_same_batches(list(data), batches)
+            assert_same_batches(list(DataLoader(data, batch_size=None, num_workers=2)), batches)
+    assert lengths[0] == lengths[1] and len(set(seen)) == len(seen) == 2 * lengths[0] * BATCH
+    assert 0 <= regrouped_set.total_rows - len(seen) < 2 * 2 * BATCH    # only the remainder is dropped
+
+
+def test_each_epoch_is_a_deterministic_new_shuffle(regrouped_set):
+    def epoch_rows(epoch, seed=0):
+        data = dataset(regrouped_set, seed=seed)
+        data.set_epoch(epoch)
+        return rows_of(data)
+    first = epoch_rows(0)
+    assert first == epoch_rows(0)
+    assert first != epoch_rows(1) and first != epoch_rows(0, seed=1)
+    assert sorted(sum(epoch_rows(1), [])) != sorted(sum(first, []))   # the dropped remainder moves too
+    # rows are mixed across row groups within a buffer, not read in file order
+    assert sum(first, [])[:64] != sorted(sum(first, [])[:64])
+
+
+# -- resume ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipping_k_batches_continues_exactly_where_the_straight_epoch_was(regrouped_set, workers):
+    data = dataset(regrouped_set, num_workers=workers)
+    data.set_epoch(1)
+    straight = list(PretrainingDataLoader(data))
+    for k in ([1, 2, 3, 7, 30, len(straight) - 1, len(straight)] if workers == 0 else [1, 2, 5, len(straight) - 1]):
+        data.set_epoch(1, batches_to_skip=k)
+        assert_same_batches(list(PretrainingDataLoader(data)), straight[k:])
+
+
+def test_resuming_does_not_read_the_row_groups_already_consumed(regrouped_set, monkeypatch):
+    reads = []
+    original = RowGroupReader.read_piece
+    monkeypatch.setattr(RowGroupReader, "read_piece", lambda self, piece: reads.append(piece) or original(self, piece))
+    data = dataset(regrouped_set)
+    list(data)
+    whole_epoch = len(reads)
+    reads.clear()
+    data.set_epoch(0, batches_to_skip=len(data) - 1)
+    assert len(list(data)) == 1
+    assert whole_epoch > 20 and len(reads) <= 2 + 1    # the last buffer (2 groups), + the one a batch may straddle
+
+
+# -- misuse ----------------------------------------------------------------------------------------------------
+
+def test_a_dataset_planned_for_other_workers_or_too_small_a_set_is_refused(regrouped_set):
+    with pytest.raises(ValueError, match="planned for num_workers=2"):
+        list(DataLoader(dataset(regrouped_set, num_workers=2), batch_size=None, num_workers=1))
+    with pytest.raises(ValueError, match="fewer than one batch per loader worker"):
+        PretrainingDataset(regrouped_set, 1024, world_size=2)
