@@ -19,10 +19,26 @@ import functools
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from model.config import BertConfig
 
 IGNORE_INDEX = -100  # label of a slot that takes no part in a loss (padding of masked_positions)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training): each element kept with probability 1 - p and scaled by 1 / (1 - p).
+
+    On the CPU (fp32) the mask is drawn with torch.rand: F.dropout draws it with bernoulli_, which there is about
+    twice as slow (~6 vs ~3 ms per million elements; its masks were ~10% of a CPU training step of the mini
+    model). The distribution is the same; the draws, hence the masks for a given seed, are not.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or x.dtype != torch.float32:
+        return F.dropout(x, p, training=True)  # CUDA's fused kernel; low-precision uniforms would skew p
+    mask = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))  # 1 / (1 - p) where kept, 0 where dropped
+    return x * mask
 
 
 class Embeddings(nn.Module):
@@ -35,7 +51,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout_p = config.hidden_dropout
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -45,7 +61,7 @@ class Embeddings(nn.Module):
         positions = torch.arange(T, device=input_ids.device)  # (T,)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, C)
         x = x + self.position_embeddings(positions)  # broadcast over the batch
-        return self.dropout(self.layer_norm(x))
+        return dropout(self.layer_norm(x), self.dropout_p, self.training)
 
 
 class SelfAttention(nn.Module):
@@ -68,10 +84,27 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         # key_padding_mask is (B, 1, 1, T): broadcast over heads and queries. Padded queries still attend to
         # the real tokens; their outputs are simply never used.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask,
-                                           dropout_p=self.dropout_p if self.training else 0.0)  # (B, nh, T, hs)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if dropout_p > 0.0 and x.device.type == "cpu":
+            # SDPA has no CPU kernel with dropout and falls back to its math path; this is that path, with the
+            # cheaper dropout above and a plain softmax (every row has a real key: [CLS]).
+            y = attention_with_dropout(q, k, v, key_padding_mask, dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
         return self.output(y)
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                           dropout_p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hs), keys masked) with dropout on the probabilities, times v: SDPA's math path.
+
+    q, k, v: (B, nh, T, hs); key_padding_mask: (B, 1, 1, T) boolean, True where a key may be attended to.
+    """
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill_(~key_padding_mask, float("-inf"))
+    return dropout(scores.softmax(dim=-1), dropout_p, training=True) @ v  # (B, nh, T, hs)
 
 
 class FeedForward(nn.Module):
@@ -98,11 +131,12 @@ class EncoderLayer(nn.Module):
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = FeedForward(config)
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout_p = config.hidden_dropout
 
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, key_padding_mask)))  # (B, T, C)
-        x = self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # (B, T, C)
+        p, training = self.dropout_p, self.training
+        x = self.attention_norm(x + dropout(self.attention(x, key_padding_mask), p, training))  # (B, T, C)
+        x = self.feed_forward_norm(x + dropout(self.feed_forward(x), p, training))  # (B, T, C)
         return x
 
 
@@ -213,6 +247,36 @@ class PreTrainingOutput:
     nsp_total: torch.Tensor | None = None
 
 
+class _SummedCrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"), with a leaner backward.
+
+    logits (N, K), labels (N,). The backward turns the log-probabilities saved by the forward into
+    softmax - one_hot in place, where autograd's would allocate two more (N, K) tensors (nll_loss's zero-filled
+    gradient and log_softmax's backward output): for the MLM head, (B * P, 30522) fp32 is 78 MB apiece. Having
+    been overwritten, the saved tensor cannot serve a second backward; autograd refuses one (as it does any
+    use of a saved tensor changed in place).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, K)
+        counted = labels != IGNORE_INDEX  # (N,)
+        labels = labels.masked_fill(~counted, 0)  # any valid class; these rows are weighted 0
+        picked = log_probs.gather(1, labels[:, None]).squeeze(1)  # (N,)
+        ctx.save_for_backward(log_probs, labels, counted)
+        return -picked.masked_fill(~counted, 0.0).sum()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor):
+        log_probs, labels, counted = ctx.saved_tensors
+        grad = log_probs.exp_()  # softmax, (N, K)
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad.index_put_((rows, labels), torch.tensor(-1.0, dtype=grad.dtype, device=grad.device), accumulate=True)
+        grad.mul_(counted.to(grad.dtype).mul_(grad_loss)[:, None])  # d loss / d logits = g * (softmax - one_hot)
+        return grad, None
+
+
 def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Mean cross-entropy over labels != IGNORE_INDEX, with the number right and the number counted.
 
@@ -223,7 +287,7 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
     labels = labels.reshape(-1).long()  # (N,)
     counted = labels != IGNORE_INDEX
     total = counted.sum()
-    loss = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum") / total.clamp(min=1)
+    loss = _SummedCrossEntropy.apply(logits, labels) / total.clamp(min=1)
     correct = ((logits.argmax(dim=-1) == labels) & counted).sum()
     return loss, correct, total
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -247,3 +248,55 @@ def test_mfu_and_peak_flops():
     assert peak_flops_for_device("Tesla V100-SXM2-16GB") == 125e12
     assert peak_flops_for_device("NVIDIA H100 NVL") is None
     assert peak_flops_for_device("NVIDIA GeForce GTX 1080") is None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The CPU training fast paths: dropout, attention with dropout, cross-entropy
+
+def test_dropout_keeps_1_minus_p_and_rescales():
+    from model.bert import dropout
+    x = torch.randn(200, 500)
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
+    torch.manual_seed(0)
+    y = dropout(x.requires_grad_(), 0.1, training=True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.005   # 100,000 draws: 0.005 is > 5 standard deviations
+    torch.testing.assert_close(y[kept], x[kept] / 0.9, rtol=1e-6, atol=0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.float() / 0.9, rtol=1e-6, atol=0)
+
+
+def test_training_attention_equals_sdpa_when_nothing_is_dropped(batch_factory):
+    from model.bert import attention_with_dropout, key_padding_mask
+    batch = batch_factory(VOCAB)
+    B, T = batch["input_ids"].shape
+    q, k, v = (torch.randn(B, 2, T, 64, requires_grad=True) for _ in range(3))
+    mask = key_padding_mask(batch["attention_mask"])
+    grad = torch.randn(B, 2, T, 64)
+    torch.manual_seed(0)
+    mine = attention_with_dropout(q, k, v, mask, dropout_p=1e-9)   # a uniform draw below 1e-9 is exactly 0
+    mine_grads = torch.autograd.grad(mine, (q, k, v), grad)
+    reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    reference_grads = torch.autograd.grad(reference, (q, k, v), grad)
+    torch.testing.assert_close(mine, reference, rtol=0, atol=1e-6)
+    for a, b in zip(mine_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # with real dropout, about p of the attention probabilities are dropped: the output changes
+    torch.manual_seed(0)
+    assert not torch.allclose(attention_with_dropout(q, k, v, mask, dropout_p=0.1), reference, atol=1e-3)
+
+
+def test_cross_entropy_equals_torchs_and_refuses_a_second_backward():
+    from model.bert import _SummedCrossEntropy
+    torch.manual_seed(0)
+    logits = torch.randn(50, 300, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 300, (50,))
+    labels[::7] = -100
+    mine = _SummedCrossEntropy.apply(logits, labels)
+    (mine_grad,) = torch.autograd.grad(3 * mine, logits, retain_graph=True)
+    reference = F.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+    (reference_grad,) = torch.autograd.grad(3 * reference, logits)
+    torch.testing.assert_close(mine, reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(mine_grad, reference_grad, rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        mine.backward()   # its saved log-probabilities became the gradient

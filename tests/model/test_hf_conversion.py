@@ -1,4 +1,5 @@
 """Our model against transformers' BertForPreTraining, built from the same config with random weights."""
+import copy
 import json
 
 import pytest
@@ -203,3 +204,25 @@ def test_export_refuses_a_vocabulary_larger_than_the_model(tmp_path):
     write_vocab(tmp_path / "vocab.txt")
     with pytest.raises(ValueError, match="1000 tokens but the model only 500"):
         export_hf(BertForPreTraining(config), tmp_path / "export", tmp_path / "vocab.txt")
+
+
+@pytest.mark.parametrize("preset", ["tiny", "mini"])
+def test_training_gradients_match_hf(preset, batch_factory):
+    """One backward in training mode (dropout 0: masks cannot match): the same loss and the same gradients."""
+    config = BertConfig.from_preset(preset, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0)
+    hf = hf_model(config, "sdpa").train()
+    ours = from_hf_state_dict(hf.state_dict(), config).train()
+    batch = batch_factory(VOCAB)
+    theirs = hf_outputs(hf, batch)
+    mine = our_outputs(ours, batch, gathered=True)
+    theirs.loss.backward()
+    mine.loss.backward()
+    assert abs(mine.loss.item() - theirs.loss.item()) <= ATOL
+    # our gradients under transformers' names: a copy of our model holding them in place of the weights
+    grads = copy.deepcopy(ours)
+    for holder, param in zip(grads.parameters(), ours.parameters()):
+        holder.data = param.grad
+    our_grads = to_hf_state_dict(grads)
+    diffs = {name: max_abs_diff(our_grads[name], param.grad) for name, param in hf.named_parameters()}
+    print(f"\n{preset} largest gradient diff: {max(diffs.items(), key=lambda item: item[1])}")
+    assert max(diffs.values()) <= ATOL, diffs
