@@ -127,6 +127,17 @@ def wandb_history(path: Path) -> list[dict[str, float | str]]:
     return rows
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Data tests: one thread (2 cores shared with other work; the training runs above allow 2)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 # The helpers as fixtures: test modules cannot import a conftest by name (tests/ has two).
 @pytest.fixture(scope="session")
 def tiny_overrides():

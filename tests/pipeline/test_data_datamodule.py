@@ -18,13 +18,7 @@ BATCH = 256                # the set's 1,641 rows make 6 batches per epoch
 STEPS = 14                 # two epochs and two batches
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """2 cores shared with other work (tests/pipeline/conftest.py allows 2 for the training runs)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

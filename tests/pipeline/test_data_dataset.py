@@ -20,13 +20,7 @@ from pipeline.data.shard_set import ShardSet
 BATCH = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """2 cores shared with other work (tests/pipeline/conftest.py allows 2 for the training runs)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")
