@@ -1,4 +1,4 @@
-"""BERT for pre-training (PyTorch only; transformers is needed for nothing but the optional conversions)."""
+"""BERT for pre-training and fine-tuning (PyTorch only; transformers is needed only for the optional conversions)."""
 from model.bert import (
     PEAK_FLOPS,
     BertForPreTraining,
@@ -10,8 +10,10 @@ from model.bert import (
     peak_flops_for_device,
 )
 from model.config import PRESETS, BertConfig
+from model.heads import BertForMultipleChoice, BertForSequenceClassification, TaskOutput
 
 __all__ = [
-    "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForPreTraining", "BertModel", "EncoderOutput", "PreTrainingOutput",
-    "flops_per_token", "mfu", "peak_flops_for_device",
+    "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining",
+    "BertForSequenceClassification", "BertModel", "EncoderOutput", "PreTrainingOutput", "TaskOutput", "flops_per_token",
+    "mfu", "peak_flops_for_device",
 ]

@@ -1,19 +1,24 @@
-"""Conversion to and from transformers' BertForPreTraining: configs, state dicts, and a loadable export.
+"""Conversion to and from transformers' BERT models: configs, state dicts, loadable exports, and checkpoints.
 
-Nothing here needs transformers to be installed except hf_config_from (which builds a transformers.BertConfig);
-export_hf needs only safetensors. The state-dict names are exactly transformers' (the same as those of the
-original BERT checkpoints converted to PyTorch), so our weights load into transformers and back bit for bit.
+Covers BertForPreTraining (ours <-> theirs), any checkpoint's encoder (BertModel, BertForPreTraining, a
+fine-tuned model: encoder_state_from_hf), and the fine-tuning heads of model/heads.py, whose classes and head
+parameters have transformers' names. Nothing here needs transformers to be installed except hf_config_from (which
+builds a transformers.BertConfig); the exports and read_hf_checkpoint need only safetensors. The state-dict names
+are exactly transformers' (the same as those of the original BERT checkpoints converted to PyTorch), so our
+weights load into transformers and back bit for bit.
 """
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from model.bert import BertForPreTraining
 from model.config import BertConfig
+from model.heads import BertForMultipleChoice, BertForSequenceClassification
 
 # transformers stores the tied decoder twice in state_dict() (as the embedding and as the decoder) and saves it
 # once; these are the aliases it drops when saving.
@@ -21,26 +26,27 @@ HF_TIED_ALIASES = {
     "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
     "cls.predictions.decoder.bias": "cls.predictions.bias",
 }
-# In state dicts of old checkpoints (bert-base-uncased's pytorch_model.bin): a buffer, not a weight.
-_HF_NON_WEIGHTS = {"bert.embeddings.position_ids"}
+# In state dicts of old checkpoints (bert-base-uncased's pytorch_model.bin): a buffer, not a weight. With the
+# prefix in a model holding a BertModel as .bert, without it in a BertModel's own.
+_HF_NON_WEIGHTS = {"bert.embeddings.position_ids", "embeddings.position_ids"}
+_BERT = "bert."  # where BertForPreTraining and the task models (ours and transformers') keep the encoder
+# BertModel(add_pooling_layer=False) and BertForMaskedLM checkpoints have no pooler.
+_HF_POOLER = {"pooler.dense.weight", "pooler.dense.bias"}
+# transformers' classes with an MLM decoder, the only ones in which tie_word_embeddings means anything to us.
+_HF_DECODER_ARCHITECTURES = {"BertForPreTraining", "BertForMaskedLM", "BertLMHeadModel"}
+TASK_MODELS = (BertForSequenceClassification, BertForMultipleChoice)
 
 
-def _renames(num_layers: int) -> list[tuple[str, str]]:
-    """(our name, transformers' name) of every tensor but the fused qkv and the tied decoder."""
-    pairs = [
-        ("bert.embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"),
-        ("bert.embeddings.position_embeddings.weight", "bert.embeddings.position_embeddings.weight"),
-        ("bert.embeddings.token_type_embeddings.weight", "bert.embeddings.token_type_embeddings.weight"),
-    ]
+def _encoder_renames(num_layers: int) -> list[tuple[str, str]]:
+    """(our BertModel name, transformers' BertModel name) of every encoder tensor but the fused qkv."""
+    pairs = [(f"embeddings.{table}.weight",) * 2 for table in
+             ("word_embeddings", "position_embeddings", "token_type_embeddings")]
     modules = [
-        ("bert.embeddings.layer_norm", "bert.embeddings.LayerNorm"),
-        ("bert.pooler.dense", "bert.pooler.dense"),
-        ("mlm_head.dense", "cls.predictions.transform.dense"),
-        ("mlm_head.layer_norm", "cls.predictions.transform.LayerNorm"),
-        ("nsp_head", "cls.seq_relationship"),
+        ("embeddings.layer_norm", "embeddings.LayerNorm"),
+        ("pooler.dense", "pooler.dense"),
     ]
     for i in range(num_layers):
-        ours, theirs = f"bert.layers.{i}", f"bert.encoder.layer.{i}"
+        ours, theirs = f"layers.{i}", f"encoder.layer.{i}"
         modules += [
             (f"{ours}.attention.output", f"{theirs}.attention.output.dense"),
             (f"{ours}.attention_norm", f"{theirs}.attention.output.LayerNorm"),
@@ -49,13 +55,61 @@ def _renames(num_layers: int) -> list[tuple[str, str]]:
             (f"{ours}.feed_forward_norm", f"{theirs}.output.LayerNorm"),
         ]
     pairs += [(f"{ours}.{param}", f"{theirs}.{param}") for ours, theirs in modules for param in ("weight", "bias")]
-    pairs.append(("mlm_head.decoder.bias", "cls.predictions.bias"))
     return pairs
 
 
+# (our BertForPreTraining name, transformers') of the pre-training heads but the tied decoder weight.
+_PRETRAINING_HEAD_RENAMES = [
+    (f"{ours}.{param}", f"{theirs}.{param}")
+    for ours, theirs in [("mlm_head.dense", "cls.predictions.transform.dense"),
+                         ("mlm_head.layer_norm", "cls.predictions.transform.LayerNorm"),
+                         ("nsp_head", "cls.seq_relationship")]
+    for param in ("weight", "bias")
+] + [("mlm_head.decoder.bias", "cls.predictions.bias")]
+
+
 def _qkv_names(layer: int) -> tuple[str, list[str]]:
-    theirs = f"bert.encoder.layer.{layer}.attention.self"
-    return f"bert.layers.{layer}.attention.qkv", [f"{theirs}.query", f"{theirs}.key", f"{theirs}.value"]
+    """Our fused projection of a layer and transformers' three, as BertModel names."""
+    theirs = f"encoder.layer.{layer}.attention.self"
+    return f"layers.{layer}.attention.qkv", [f"{theirs}.query", f"{theirs}.key", f"{theirs}.value"]
+
+
+def _hf_encoder_names(num_layers: int) -> set[str]:
+    """Every tensor name of transformers' BertModel with num_layers layers."""
+    names = {theirs for _, theirs in _encoder_renames(num_layers)}
+    for layer in range(num_layers):
+        names |= {f"{name}.{param}" for name in _qkv_names(layer)[1] for param in ("weight", "bias")}
+    return names
+
+
+def _prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {prefix + name: tensor for name, tensor in state.items()}
+
+
+def _encoder_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """Our BertModel state dict under transformers' BertModel names (views: q, k, v slice the fused tensor)."""
+    hf = {theirs: state[mine] for mine, theirs in _encoder_renames(num_layers)}
+    for layer in range(num_layers):
+        fused, separate = _qkv_names(layer)
+        for param in ("weight", "bias"):
+            # Rows [0, C) of the fused projection are the query, then the key, then the value.
+            for name, part in zip(separate, state[f"{fused}.{param}"].chunk(3, dim=0)):
+                hf[f"{name}.{param}"] = part
+    return hf
+
+
+def _encoder_from_hf(hf: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
+    """The inverse of _encoder_to_hf for a checked, complete encoder; only a pooler may be absent (and stays so)."""
+    ours = {mine: hf[theirs] for mine, theirs in _encoder_renames(num_layers) if theirs in hf}
+    for layer in range(num_layers):
+        fused, separate = _qkv_names(layer)
+        for param in ("weight", "bias"):
+            ours[f"{fused}.{param}"] = torch.cat([hf[f"{name}.{param}"] for name in separate], dim=0)
+    return ours
+
+
+def _listed(names: list[str], limit: int = 10) -> str:
+    return f"{names[:limit]}{f' and {len(names) - limit} more' if len(names) > limit else ''}"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -91,16 +145,65 @@ def hf_config_from(config: BertConfig, **hf_kwargs):
     return transformers.BertConfig(**hf_config_dict(config), **hf_kwargs)
 
 
+def hf_task_config_dict(model: BertForSequenceClassification | BertForMultipleChoice,
+                        id2label: Mapping[int | str, str] | Sequence[str] | None = None) -> dict:
+    """The config.json transformers writes for a fine-tuned model of our task model's class.
+
+    id2label: label names by id (a mapping with int or str keys, or a sequence in id order); by default
+    transformers' LABEL_0, LABEL_1, ... Sequence classification always gets labels and problem_type; multiple
+    choice only when id2label is given (its choices are not labels; transformers then assumes 2 and ignores them).
+    """
+    _check_task_model(model)
+    values = {**hf_config_dict(model.config), "architectures": [type(model).__name__]}
+    if isinstance(model, BertForSequenceClassification):
+        names = _label_names(id2label, model.num_labels)
+        # Set, so that transformers does not infer it from the labels' dtype (float labels would make a
+        # classifier "multi_label_classification").
+        values["problem_type"] = "regression" if model.is_regression else "single_label_classification"
+    elif id2label is not None:
+        names = _label_names(id2label, len(id2label))
+    else:
+        return values
+    values["num_labels"] = len(names)
+    values["id2label"] = {str(i): name for i, name in enumerate(names)}  # JSON keys: transformers writes "0"
+    values["label2id"] = {name: i for i, name in enumerate(names)}
+    return values
+
+
+def _label_names(id2label: Mapping[int | str, str] | Sequence[str] | None, num_labels: int) -> list[str]:
+    if id2label is None:
+        return [f"LABEL_{i}" for i in range(num_labels)]
+    if isinstance(id2label, Mapping):
+        by_id = {int(i): str(name) for i, name in id2label.items()}
+        if sorted(by_id) != list(range(num_labels)):
+            raise ValueError(f"id2label must name the ids 0..{num_labels - 1}, got ids {sorted(by_id)}")
+        names = [by_id[i] for i in range(num_labels)]
+    else:
+        names = [str(name) for name in id2label]
+    if len(names) != num_labels:
+        raise ValueError(f"{len(names)} label names for {num_labels} labels: {names}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"label names must be distinct (label2id maps them back): {names}")
+    return names
+
+
 def config_from_hf(hf_config) -> BertConfig:
-    """Our config from a transformers.BertConfig or a config.json dict; refuses what our model cannot be."""
+    """Our config from a transformers.BertConfig or a config.json dict; refuses what our model cannot be.
+
+    Any BERT's config: pre-trained or fine-tuned (BertForSequenceClassification etc.; their labels are not part of
+    BertConfig, see hf_task_config_dict for where they go).
+    """
     values = hf_config if isinstance(hf_config, dict) else hf_config.to_dict()
     requirements = [
         ("hidden_act", "gelu", "the exact (erf) GELU"),
         ("position_embedding_type", "absolute", "learned absolute positions"),
         ("is_decoder", False, "a bidirectional encoder"),
         ("add_cross_attention", False, "no cross-attention"),
-        ("tie_word_embeddings", True, "an MLM decoder tied to the word embeddings"),
     ]
+    architectures = values.get("architectures") or []
+    # A model without an MLM decoder has nothing to tie, whatever the flag says (fine-tuned exports may say false).
+    if not architectures or _HF_DECODER_ARCHITECTURES.intersection(architectures):
+        requirements.append(("tie_word_embeddings", True, "an MLM decoder tied to the word embeddings"))
     for key, expected, meaning in requirements:
         if key in values and values[key] != expected:
             raise ValueError(f"cannot convert: {key}={values[key]!r}, but this model has {meaning} ({key}={expected!r})")
@@ -129,13 +232,8 @@ def to_hf_state_dict(model: BertForPreTraining) -> dict[str, torch.Tensor]:
     The tensors share memory with the model (as state_dict() does); clone them to keep a snapshot.
     """
     ours = model.state_dict()
-    hf = {theirs: ours[mine] for mine, theirs in _renames(model.config.num_layers)}
-    for layer in range(model.config.num_layers):
-        fused, separate = _qkv_names(layer)
-        for param in ("weight", "bias"):
-            # Rows [0, C) of the fused projection are the query, then the key, then the value.
-            for name, part in zip(separate, ours[f"{fused}.{param}"].chunk(3, dim=0)):
-                hf[f"{name}.{param}"] = part
+    hf = _prefixed(_BERT, _encoder_to_hf(model.bert.state_dict(), model.config.num_layers))
+    hf.update({theirs: ours[mine] for mine, theirs in _PRETRAINING_HEAD_RENAMES})
     for alias, target in HF_TIED_ALIASES.items():
         hf[alias] = hf[target]
     return hf
@@ -162,9 +260,8 @@ def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor], config: BertConfi
     from the word embeddings is refused, since this model can only tie them.
     """
     hf = _normalised(hf_state_dict)
-    expected = {theirs for _, theirs in _renames(config.num_layers)}
-    for layer in range(config.num_layers):
-        expected |= {f"{name}.{param}" for name in _qkv_names(layer)[1] for param in ("weight", "bias")}
+    expected = {_BERT + name for name in _hf_encoder_names(config.num_layers)}
+    expected |= {theirs for _, theirs in _PRETRAINING_HEAD_RENAMES}
     missing = sorted(expected - hf.keys())
     unexpected = sorted(hf.keys() - expected - HF_TIED_ALIASES.keys())
     if missing or unexpected:
@@ -175,16 +272,89 @@ def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor], config: BertConfi
         if alias in hf and not torch.equal(hf[alias], hf[target]):
             raise ValueError(f"{alias} differs from {target}: this checkpoint is not tied, and this model ties them")
 
-    ours = {mine: hf[theirs] for mine, theirs in _renames(config.num_layers)}
-    for layer in range(config.num_layers):
-        fused, separate = _qkv_names(layer)
-        for param in ("weight", "bias"):
-            ours[f"{fused}.{param}"] = torch.cat([hf[f"{name}.{param}"] for name in separate], dim=0)
+    encoder = {name[len(_BERT):]: tensor for name, tensor in hf.items() if name.startswith(_BERT)}
+    ours = _prefixed(_BERT, _encoder_from_hf(encoder, config.num_layers))
+    ours.update({mine: hf[theirs] for mine, theirs in _PRETRAINING_HEAD_RENAMES})
     ours["mlm_head.decoder.weight"] = ours["bert.embeddings.word_embeddings.weight"]
 
     model = BertForPreTraining(config)
     model.load_state_dict(ours, strict=True)
     return model
+
+
+def encoder_state_from_hf(hf_state_dict: dict[str, torch.Tensor],
+                          num_layers: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Split any transformers BERT state dict into our BertModel's state dict and everything else.
+
+    hf_state_dict: a BertModel's (names without "bert."), or a BertForPreTraining's, BertForMaskedLM's, a
+    fine-tuned model's (names with it); LayerNorm gamma/beta and position_ids buffers are handled.
+    Returns (encoder, others): encoder is keyed as our BertModel ("layers.0.attention.qkv.weight"), ready for
+    BertModel.load_state_dict; it lacks pooler.* when the checkpoint has no pooler (load it with strict=False
+    then, or not at all). others holds the remaining tensors under their own names (LayerNorm gamma/beta renamed
+    weight/bias), e.g. "classifier.weight" or "cls.predictions.bias".
+    Encoder tensors missing, or encoder-like names this many layers do not have, raise ValueError.
+    """
+    hf = _normalised(hf_state_dict)
+    names = _hf_encoder_names(num_layers)
+    encoder, others = {}, {}
+    for name, tensor in hf.items():
+        bare = name[len(_BERT):] if name.startswith(_BERT) else name
+        if bare in names:
+            if bare in encoder:
+                raise ValueError(f"{bare} appears both with and without the {_BERT!r} prefix")
+            encoder[bare] = tensor
+        else:
+            others[name] = tensor
+    missing = sorted(names - encoder.keys())
+    if missing and set(missing) != _HF_POOLER:
+        raise ValueError(f"not a BERT encoder with {num_layers} layers: missing {len(missing)} encoder tensors "
+                         f"{_listed(missing)}")
+    # More layers in the checkpoint than asked for would otherwise vanish silently into others.
+    stray = sorted(name for name in others if name.removeprefix(_BERT).startswith(("embeddings.", "encoder.",
+                                                                                      "pooler.")))
+    if stray:
+        raise ValueError(f"encoder tensors that a {num_layers}-layer BERT does not have (more layers in the "
+                         f"checkpoint?): {_listed(stray)}")
+    return _encoder_from_hf(encoder, num_layers), others
+
+
+def _check_task_model(model) -> None:
+    if not isinstance(model, TASK_MODELS):
+        raise TypeError(f"expected one of {[cls.__name__ for cls in TASK_MODELS]}, got {type(model).__name__}")
+
+
+def task_to_hf_state_dict(model: BertForSequenceClassification | BertForMultipleChoice) -> dict[str, torch.Tensor]:
+    """transformers' state_dict() of the class of the same name, from our task model.
+
+    The encoder is renamed; the head's parameters already have transformers' names. The tensors share memory with
+    the model (as state_dict() does); clone them to keep a snapshot.
+    """
+    _check_task_model(model)
+    hf = _prefixed(_BERT, _encoder_to_hf(model.bert.state_dict(), model.config.num_layers))
+    hf.update({name: tensor for name, tensor in model.state_dict().items() if not name.startswith(_BERT)})
+    return hf
+
+
+def load_task_from_hf_state_dict(model: BertForSequenceClassification | BertForMultipleChoice,
+                                 hf_state_dict: dict[str, torch.Tensor]) -> None:
+    """Load a transformers state dict of the same class (e.g. a fine-tuned checkpoint's) into our task model.
+
+    Strict: the encoder with its pooler and the head, nothing more or less, in the model's shapes. To start
+    fine-tuning from a pre-trained checkpoint instead, load encoder_state_from_hf(...)[0] into model.bert.
+    """
+    _check_task_model(model)
+    encoder, others = encoder_state_from_hf(hf_state_dict, model.config.num_layers)
+    state = {**_prefixed(_BERT, encoder), **others}
+    expected = model.state_dict()
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise ValueError(f"not a transformers {type(model).__name__} state dict: missing {_listed(missing)}, "
+                         f"unexpected {_listed(unexpected)}")
+    mismatched = [f"{name} {tuple(state[name].shape)} vs the model's {tuple(tensor.shape)}"
+                  for name, tensor in expected.items() if state[name].shape != tensor.shape]
+    if mismatched:
+        raise ValueError(f"shapes differ (another config, or num_labels?): {_listed(mismatched)}")
+    model.load_state_dict(state, strict=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -204,16 +374,32 @@ def export_hf(model: BertForPreTraining, out_dir: str | Path, tokenizer_dir_or_v
     as a data_prep output directory. lowercase: whether the tokenizer lowercases; by default read from
     tokenizer.json when there is one, else True (uncased BERT).
     """
+    # The tied aliases are left out, as transformers itself does.
+    tensors = {name: tensor for name, tensor in to_hf_state_dict(model).items() if name not in HF_TIED_ALIASES}
+    return _write_hf_dir(out_dir, hf_config_dict(model.config), tensors, model.config, tokenizer_dir_or_vocab_file,
+                         lowercase)
+
+
+def export_hf_task(model: BertForSequenceClassification | BertForMultipleChoice, out_dir: str | Path,
+                   tokenizer_dir_or_vocab_file: str | Path | None = None,
+                   id2label: Mapping[int | str, str] | Sequence[str] | None = None,
+                   lowercase: bool | None = None) -> Path:
+    """export_hf for a task model: AutoModelForSequenceClassification / AutoModelForMultipleChoice
+    .from_pretrained(out_dir) load it offline and give its logits; id2label as for hf_task_config_dict."""
+    return _write_hf_dir(out_dir, hf_task_config_dict(model, id2label), task_to_hf_state_dict(model), model.config,
+                         tokenizer_dir_or_vocab_file, lowercase)
+
+
+def _write_hf_dir(out_dir: str | Path, config_dict: dict, hf_state: dict[str, torch.Tensor], config: BertConfig,
+                  tokenizer_dir_or_vocab_file: str | Path | None, lowercase: bool | None) -> Path:
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    (out_dir / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n", encoding="utf-8")
+    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n", encoding="utf-8")
     # Own contiguous CPU copies: safetensors refuses tensors that share memory (the q, k, v views of one
-    # fused weight), and the tied aliases are left out as transformers itself does.
-    tensors = {name: tensor.detach().to("cpu", copy=True).contiguous()
-               for name, tensor in to_hf_state_dict(model).items() if name not in HF_TIED_ALIASES}
+    # fused weight).
+    tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in hf_state.items()}
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer_dir_or_vocab_file is not None:
         _export_tokenizer(Path(tokenizer_dir_or_vocab_file), out_dir, config, lowercase)
@@ -249,3 +435,51 @@ def _export_tokenizer(source: Path, out_dir: Path, config: BertConfig, lowercase
     tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
                         "model_max_length": config.max_position_embeddings, **_SPECIAL_TOKENS}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints
+
+# Where transformers' save_pretrained puts the weights, in the order from_pretrained prefers them.
+_HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+                    "pytorch_model.bin")
+
+
+def read_hf_checkpoint(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, state dict) of a transformers checkpoint directory, such as a model downloaded from a hub.
+
+    Weights from model.safetensors, a sharded checkpoint's index (*.index.json), or pytorch_model.bin (loaded
+    with weights_only=True: tensors only, no pickled code). The state dict has the checkpoint's own names;
+    encoder_state_from_hf or from_hf_state_dict convert it.
+    """
+    directory = Path(directory)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in {directory}: not a transformers checkpoint directory")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for name in _HF_WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            return config, _read_sharded(path) if name.endswith(".index.json") else _read_weights(path)
+    raise FileNotFoundError(f"no PyTorch weights in {directory}: looked for {', '.join(_HF_WEIGHT_FILES)}")
+
+
+def _read_sharded(index_file: Path) -> dict[str, torch.Tensor]:
+    weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]  # tensor name -> shard file
+    state = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (index_file.parent / shard).is_file():
+            raise FileNotFoundError(f"{index_file} lists the shard {shard}, which is not in {index_file.parent}")
+        state.update(_read_weights(index_file.parent / shard))
+    missing = sorted(weight_map.keys() - state.keys())
+    if missing:
+        raise ValueError(f"{index_file} lists tensors that its shards lack: {_listed(missing)}")
+    return state
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)

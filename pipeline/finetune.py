@@ -1,0 +1,294 @@
+"""Entry point: fine-tune a BERT checkpoint on a GLUE task or SWAG, evaluate on dev, export, from Hydra configs.
+
+    python pipeline/finetune.py task=sst2 init=<pre-training run dir>       # the bundled SST-2 sample on the CPU
+    GLUE_DIR=/data/glue python pipeline/finetune.py task=mnli init=/models/bert-base-uncased trainer=...
+    python pipeline/finetune.py -m task=rte init=... optimizer.lr=5e-5,4e-5,3e-5,2e-5 seed=1,2,3   # the paper's sweep
+    python pipeline/finetune.py -m hydra/launcher=submitit_slurm ... # the same sweep as SLURM jobs
+    python pipeline/sweep_summary.py outputs/finetune/multirun/<date>/<time>   # best dev score per task
+
+A run leaves in its output directory: metrics.json (dev metrics, data and truncation counts, settings),
+predictions/<split>.tsv (dev predictions beside the gold labels), glue_submission/<Task>.tsv (leaderboard files,
+when the task's test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
+BertForSequenceClassification / BertForMultipleChoice with id2label, and the tokenizer), and Hydra's .hydra/.
+
+`finetune(cfg)` is the same run as a function (tests call it). Everything that can be checked is checked before
+training: the task, the data files, the weights, that the tokenizer fits the weights, the batch and lengths.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+import hydra  # noqa: E402
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import InterpolationResolutionError  # noqa: E402
+
+from model import BertConfig  # noqa: E402
+from pipeline.loggers import build_loggers, check_logger_config, csv_metrics_path, finish_wandb  # noqa: E402
+from pipeline.loggers import wandb_environment  # noqa: E402
+from pipeline.optim import warmup_steps_of  # noqa: E402
+
+CONFIG_DIR = REPO_ROOT / "conf"
+SAMPLE_DATA = REPO_ROOT / "pipeline" / "finetuning" / "sample_data"
+METRICS_FILE = "metrics.json"
+log = logging.getLogger("pipeline.finetune")
+
+
+def _task_data_dir(env_var: str, subdir: str = "") -> str | None:
+    """${task_data_dir:GLUE_DIR,SST-2}: $GLUE_DIR/SST-2 where GLUE_DIR is set, else the bundled sample of that
+    task if there is one, else null (finetune then says what to pass)."""
+    root = os.environ.get(env_var)
+    if root:
+        return str(Path(root) / subdir)
+    sample = SAMPLE_DATA / subdir if subdir else None
+    return str(sample) if sample is not None and sample.is_dir() else None
+
+
+for _name, _resolver in (("repo_root", lambda: str(REPO_ROOT)), ("task_data_dir", _task_data_dir)):
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, _resolver)
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python pipeline/finetune.py <overrides>` would run, without Hydra's run directory (pass
+    output_dir=...)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="finetune", overrides=list(overrides))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the plan: everything validated before training
+
+class _Plan:
+    def __init__(self, cfg: DictConfig):
+        from pipeline.finetuning.pretrained import load_pretrained
+        from pipeline.finetuning.tokenizer import load_tokenizer
+        from pipeline.tasks import get_task
+
+        self.output_dir = _output_dir(cfg)
+        self.task = get_task(str(cfg.task.name))
+        if not cfg.get("init"):
+            raise ValueError("init= is required: the weights to fine-tune (a pre-training run directory, a .ckpt, a "
+                             "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
+                             "bert-base-uncased)")
+        self.files = _split_files(cfg, self.task)
+        self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+        self.world_size = int(self.trainer_cfg.get("devices", 1) if str(self.trainer_cfg.get("devices", 1)).isdigit()
+                              else 1) * int(self.trainer_cfg.get("num_nodes", 1))
+        self.batch_size = int(cfg.data.batch_size)
+        if self.batch_size < 1 or self.batch_size % self.world_size:
+            raise ValueError(f"data.batch_size={self.batch_size} must be a positive multiple of devices x nodes = "
+                             f"{self.world_size} (it is the global batch)")
+        self.micro_batch_size = self.batch_size // self.world_size
+        check_logger_config(cfg.logger)
+
+        self.pretrained = load_pretrained(str(cfg.init), cfg.get("tokenizer"))
+        overrides = {key: value for key, value in (OmegaConf.to_container(cfg.model, resolve=True) or {}).items()
+                     if value is not None}
+        self.model_config = BertConfig.from_dict({**self.pretrained.config.to_dict(), **overrides})
+        self.tokenizer = load_tokenizer(self.pretrained.tokenizer_source, self.model_config.vocab_size)
+        self.max_seq_length = int(cfg.data.max_seq_length)
+        if self.max_seq_length > self.model_config.max_position_embeddings:
+            raise ValueError(f"data.max_seq_length={self.max_seq_length} exceeds the model's "
+                             f"max_position_embeddings={self.model_config.max_position_embeddings}")
+
+
+def _output_dir(cfg: DictConfig) -> Path:
+    try:
+        value = cfg.output_dir
+    except (InterpolationResolutionError, ValueError) as error:
+        raise ValueError("output_dir is not set: `python pipeline/finetune.py` takes Hydra's run directory; when "
+                         "calling finetune() yourself, pass output_dir=<directory>") from error
+    return Path(value).resolve()
+
+
+def _split_files(cfg: DictConfig, task) -> dict[str, Path]:
+    """split -> file: data.<split> where given, else data.dir / the task's file name. Training and evaluation
+    files must exist; test files are used where they exist."""
+    data_dir = cfg.data.get("dir")
+    files: dict[str, Path] = {}
+    for split in ("train", *task.eval_splits, *task.test_splits):
+        given = cfg.data.get(split)
+        if given:
+            files[split] = Path(str(given)).expanduser()
+        elif data_dir:
+            files[split] = Path(str(data_dir)).expanduser() / task.splits[split]
+        elif split in task.test_splits:
+            continue
+        else:
+            raise ValueError(f"task {task.name} has no data: pass data.dir=<the folder with "
+                             f"{', '.join(task.splits[s] for s in ('train', *task.eval_splits))}> (as the task is "
+                             f"distributed), data.{split}=<file>, or set GLUE_DIR to the folder holding all GLUE tasks")
+    for split, path in files.items():
+        if split not in task.test_splits and not path.exists():
+            raise FileNotFoundError(f"{split} data of task {task.name} not found: {path}")
+    return {split: path for split, path in files.items() if path.exists()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data
+
+def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    from pipeline.finetuning.features import featurize, truncation_report
+
+    cache_dir = cfg.data.get("cache_dir")
+    features, report = {}, {}
+    for split, path in plan.files.items():
+        rows = plan.task.read(split, str(path), cache_dir=cache_dir)
+        limit = cfg.data.get(f"limit_{'train' if split == 'train' else 'eval'}_examples")
+        if limit and len(rows) > int(limit):
+            rows = rows.select(range(int(limit)))
+        features[split] = featurize(rows, plan.task.kind, plan.tokenizer, plan.max_seq_length,
+                                    description=f"{plan.task.name} {split}")
+        report[split] = {"path": str(path), **truncation_report(features[split])}
+        if report[split]["examples_truncated"]:
+            log.info("%s %s: %d of %d examples cut to %d tokens (longest first)", plan.task.name, split,
+                     report[split]["examples_truncated"], report[split]["examples"], plan.max_seq_length)
+    return features, report
+
+
+def _pad_multiple(cfg: DictConfig, plan: _Plan) -> int:
+    value = cfg.data.get("pad_to_multiple_of")
+    if value is not None:
+        return int(value)
+    return 8 if plan.trainer_cfg.get("accelerator") in ("gpu", "cuda") else 1  # tensor-core shapes; no gain on CPU
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the run
+
+def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
+    """Fine-tune as `cfg` says; returns {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""
+    from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
+    from pipeline.finetuning.module import FinetuneModule
+    from pipeline.finetuning.weights import load_into_task_model
+
+    plan = _Plan(cfg)
+    output_dir = plan.output_dir
+    output_dir.mkdir(parents=True, exist_ok=True)
+    pl.seed_everything(int(cfg.seed), workers=True)
+    features, data_report = _featurized_splits(cfg, plan)
+    regression = plan.task.kind == "regression"
+    rows = {split: FeatureRows(split_features, regression) for split, split_features in features.items()}
+    collator = PaddingCollator(plan.tokenizer.pad_id, _pad_multiple(cfg, plan))
+    num_workers = int(cfg.data.get("num_workers") or 0)
+    train_batches = train_loader(rows["train"], plan.micro_batch_size, collator,
+                                 bool(cfg.data.get("group_by_length")), int(cfg.seed), num_workers)
+    eval_splits = list(plan.task.eval_splits)
+    eval_batch = int(cfg.data.get("eval_batch_size") or plan.micro_batch_size)
+    eval_batches = [eval_loader(rows[split], eval_batch, collator, num_workers) for split in eval_splits]
+
+    epochs = int(plan.trainer_cfg.get("max_epochs", 3))
+    steps_per_epoch = math.ceil(math.ceil(len(rows["train"]) / plan.world_size) / plan.micro_batch_size)
+    total_steps = max(1, steps_per_epoch * epochs)
+    scheduler_cfg = {**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": total_steps}
+    warmup_steps_of(scheduler_cfg, total_steps)   # refuse a bad warmup now, not at the first step
+    module = FinetuneModule(model_config=plan.model_config.to_dict(), task=plan.task.name,
+                            optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True), scheduler=scheduler_cfg,
+                            total_steps=total_steps, eval_splits=eval_splits)
+    loaded = load_into_task_model(module.model, plan.pretrained)
+    log.info("weights from %s: %s", plan.pretrained.source, loaded)
+
+    run_config = {**OmegaConf.to_container(cfg, resolve=True), "tokenizer_source": str(plan.tokenizer.source)}
+    logger_cfg = _logger_config(cfg)
+    with wandb_environment(output_dir):
+        loggers = build_loggers(logger_cfg, output_dir, run_config=run_config)
+        try:
+            trainer = pl.Trainer(**{"logger": loggers, "callbacks": list(extra_callbacks),
+                                    "default_root_dir": str(output_dir), "enable_checkpointing": False,
+                                    "num_sanity_val_steps": 0, **plan.trainer_cfg})
+            started = time.perf_counter()
+            trainer.fit(module, train_dataloaders=train_batches, val_dataloaders=eval_batches)
+            train_seconds = time.perf_counter() - started
+            if not module.evaluations:   # no epoch ran (max_epochs=0): evaluate the weights as they are
+                trainer.validate(module, dataloaders=eval_batches, verbose=False)
+            test_predictions = _predict_tests(trainer, module, rows, collator, eval_batch, plan)
+        finally:
+            finish_wandb(loggers)
+
+    result = {"metrics": {split: ev.metrics for split, ev in module.evaluations.items()},
+              "output_dir": str(output_dir), "global_step": trainer.global_step, "files": {}}
+    main = plan.task.main_metric
+    result["score"] = float(module.evaluations[eval_splits[0]].metrics[main])
+    if not trainer.is_global_zero:
+        return result
+    from pipeline.finetuning import outputs
+
+    result["files"] = outputs.write_run_outputs(
+        output_dir=output_dir, task=plan.task, evaluations=module.evaluations, split_rows=features,
+        test_predictions=test_predictions, model=module.model, tokenizer_source=plan.tokenizer.source,
+        export_hf=bool(cfg.export.get("hf", True)), plot=bool(cfg.export.get("plot", True)),
+        summary={
+            "task": plan.task.name, "init": plan.pretrained.source, "tokenizer": str(plan.tokenizer.source),
+            "main_metric": main, "score": result["score"], "metrics": result["metrics"],
+            "hyperparameters": {"lr": float(cfg.optimizer.lr), "batch_size": plan.batch_size, "epochs": epochs,
+                                "seed": int(cfg.seed), "max_seq_length": plan.max_seq_length,
+                                "warmup_fraction": cfg.scheduler.get("warmup_fraction"),
+                                "weight_decay": float(cfg.optimizer.get("weight_decay", 0.0)),
+                                "hidden_dropout": plan.model_config.hidden_dropout},
+            "data": data_report, "weights_loaded": loaded, "global_step": trainer.global_step,
+            "train_seconds": round(train_seconds, 2),
+            "train_examples_per_second": round(len(rows["train"]) * epochs / train_seconds, 1) if epochs else None,
+            "wandb_group": logger_cfg.get("group"),
+        })
+    log.info("%s: dev %s = %.4f; outputs in %s", plan.task.name, main, result["score"], output_dir)
+    return result
+
+
+def _logger_config(cfg: DictConfig) -> dict[str, Any]:
+    """The logger config, with the W&B group defaulting to the sweep's directory in a multirun: runs of one sweep
+    then share a group on the dashboard."""
+    logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True)
+    if logger_cfg.get("group") is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+            from hydra.types import RunMode
+
+            hydra_cfg = HydraConfig.get()
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                sweep = Path(hydra_cfg.sweep.dir)
+                logger_cfg["group"] = f"{cfg.task.name}-{sweep.parent.name}-{sweep.name}"
+        except ValueError:   # not under Hydra (a test calling finetune() directly)
+            pass
+    logger_cfg.setdefault("name", None)
+    return logger_cfg
+
+
+def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int, plan: _Plan
+                   ) -> dict[str, tuple[Any, Any]]:
+    from pipeline.finetuning.batches import eval_loader
+    from pipeline.finetuning.module import gather_predictions
+
+    predictions = {}
+    for split in plan.task.test_splits:
+        if split in rows:
+            batches = trainer.predict(module, dataloaders=eval_loader(rows[split], batch_size, collator))
+            predictions[split] = gather_predictions(batches, plan.task.kind)
+    return predictions
+
+
+@hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    result = finetune(cfg)
+    metrics = "; ".join(f"{split}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
+                        for split, values in result["metrics"].items())
+    print(f"{cfg.task.name} after {result['global_step']} steps: {metrics}\noutputs in {result['output_dir']}")
+    return result["score"]   # what a Hydra sweeper would optimise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""What a fine-tuning run leaves besides its logs:
+
+    metrics.json                 dev metrics per split, the main score, settings, data and truncation counts
+    predictions/<split>.tsv      idx, prediction, label: each dev row's prediction beside its gold label
+    glue_submission/<Task>.tsv   GLUE leaderboard files for the test splits that were given
+    curves.png                   training loss per step and the dev metrics per epoch, from csv/metrics.csv
+    hf_export/                   transformers' BertForSequenceClassification / BertForMultipleChoice + tokenizer
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.loggers import csv_metrics_path
+
+METRICS_FILE = "metrics.json"
+PREDICTIONS_DIR = "predictions"
+SUBMISSION_DIR = "glue_submission"
+HF_EXPORT_DIR = "hf_export"
+PLOT_NAME = "curves.png"
+
+
+def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: dict, test_predictions: dict,
+                      model, tokenizer_source: Path, export_hf: bool, plot: bool,
+                      summary: dict[str, Any]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for split, evaluation in evaluations.items():
+        path = write_predictions(output_dir / PREDICTIONS_DIR / f"{split}.tsv", task,
+                                 np.asarray(split_rows[split]["idx"])[evaluation.rows], evaluation.predictions,
+                                 evaluation.labels)
+        files[f"predictions/{split}"] = str(path)
+    if test_predictions:
+        from pipeline.tasks.submission import write_submission
+
+        for split, (rows, predictions) in test_predictions.items():
+            path = write_submission(task, split, np.asarray(split_rows[split]["idx"])[rows], predictions,
+                                    output_dir / SUBMISSION_DIR)
+            if path is not None:
+                files[f"submission/{split}"] = str(path)
+    if export_hf:
+        from model.hf_conversion import export_hf_task
+
+        id2label = dict(enumerate(task.label_names)) if task.label_names and task.kind != "multiple_choice" else None
+        files["hf_export"] = str(export_hf_task(model, output_dir / HF_EXPORT_DIR, tokenizer_source,
+                                                id2label=id2label))
+    csv_path = csv_metrics_path(output_dir)
+    if plot and csv_path.is_file():
+        files["plot"] = str(plot_finetune_curves(csv_path, output_dir / PLOT_NAME, task.name, task.main_metric))
+    (output_dir / METRICS_FILE).write_text(json.dumps({**summary, "files": files}, indent=2) + "\n")
+    files["metrics"] = str(output_dir / METRICS_FILE)
+    return files
+
+
+def write_predictions(path: Path, task, idx: np.ndarray, predictions: np.ndarray, labels: np.ndarray | None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(["idx", "prediction", "label"])
+        for i, (row_id, prediction) in enumerate(zip(idx, predictions)):
+            gold = task.prediction_name(labels[i]) if labels is not None else ""
+            writer.writerow([int(row_id), task.prediction_name(prediction), gold])
+    return path
+
+
+def plot_finetune_curves(csv_path: Path, out_path: Path, task_name: str, main_metric: str) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")   # files only; never a display
+    import matplotlib.pyplot as plt
+
+    from pipeline.export import read_metrics
+
+    metrics = read_metrics(csv_path)
+    fig, (loss_ax, dev_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    if metrics.get("train/loss"):
+        steps, values = zip(*metrics["train/loss"])
+        loss_ax.plot([s + 1 for s in steps], values, label="train loss")
+    for column, points in sorted(metrics.items()):
+        if column.endswith(f"/{main_metric}") or column.endswith("/loss") and not column.startswith("train/"):
+            steps, values = zip(*points)
+            dev_ax.plot([s + 1 for s in steps], values, marker="o", label=column)
+    for ax, title in ((loss_ax, "training loss"), (dev_ax, f"evaluation ({main_metric}, loss)")):
+        ax.set_xlabel("optimizer step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend()
+    fig.suptitle(f"BERT fine-tuning: {task_name}")
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path

@@ -1,0 +1,12 @@
+"""Fine-tuning tasks (GLUE's nine and SWAG): reading their data, scoring predictions, writing leaderboard files.
+
+    from pipeline.tasks import get_task
+    task = get_task("mnli")
+    dev = task.read("dev_matched", "glue_data/MNLI", cache_dir="~/.cache/bert")  # idx, text_a, text_b, label
+    task.metrics(predictions, dev["label"])                                        # {"acc": ...}
+"""
+from pipeline.tasks.base import Task
+from pipeline.tasks.registry import TASKS, get_task
+from pipeline.tasks.submission import SUBMISSION_FILES, write_submission
+
+__all__ = ["SUBMISSION_FILES", "TASKS", "Task", "get_task", "write_submission"]
