@@ -10,10 +10,16 @@ from model.bert import (
     peak_flops_for_device,
 )
 from model.config import PRESETS, BertConfig
-from model.heads import BertForMultipleChoice, BertForSequenceClassification, TaskOutput
+from model.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    TaskOutput,
+)
 
 __all__ = [
-    "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining",
-    "BertForSequenceClassification", "BertModel", "EncoderOutput", "PreTrainingOutput", "TaskOutput", "flops_per_token",
-    "mfu", "peak_flops_for_device",
+    "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining", "BertForQuestionAnswering",
+    "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput", "PreTrainingOutput",
+    "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
 ]

@@ -199,19 +199,24 @@ def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None
 @dataclasses.dataclass
 class EncoderOutput:
     sequence_output: torch.Tensor  # (B, T, C) the last layer's states
-    pooled_output: torch.Tensor  # (B, C) tanh(dense([CLS] state))
+    pooled_output: torch.Tensor | None  # (B, C) tanh(dense([CLS] state)); None for a BertModel without pooler
     hidden_states: tuple[torch.Tensor, ...] | None = None  # embeddings + each layer: num_layers + 1 of (B, T, C)
 
 
 class BertModel(nn.Module):
-    """The encoder: embeddings, num_layers post-LN blocks, and the pooler. For features and fine-tuning."""
+    """The encoder: embeddings, num_layers post-LN blocks, and the pooler. For features and fine-tuning.
 
-    def __init__(self, config: BertConfig):
+    add_pooling_layer=False leaves the pooler out (pooled_output None), as transformers does for the heads that read
+    every token's state (question answering, token classification): a pooler that no loss reaches would be a
+    parameter without gradients, which DDP with find_unused_parameters=False refuses.
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layers))
-        self.pooler = Pooler(config)
+        self.pooler = Pooler(config) if add_pooling_layer else None
         self.apply(functools.partial(init_bert_weights, std=config.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -227,7 +232,8 @@ class BertModel(nn.Module):
             x = layer(x, mask)  # (B, T, C)
             if hidden_states is not None:
                 hidden_states.append(x)
-        return EncoderOutput(sequence_output=x, pooled_output=self.pooler(x),
+        pooled = self.pooler(x) if self.pooler is not None else None  # (B, C)
+        return EncoderOutput(sequence_output=x, pooled_output=pooled,
                              hidden_states=tuple(hidden_states) if hidden_states is not None else None)
 
 

@@ -1,8 +1,9 @@
 """Conversion to and from transformers' BERT models: configs, state dicts, loadable exports, and checkpoints.
 
 Covers BertForPreTraining (ours <-> theirs), any checkpoint's encoder (BertModel, BertForPreTraining, a
-fine-tuned model: encoder_state_from_hf), and the fine-tuning heads of model/heads.py, whose classes and head
-parameters have transformers' names. Nothing here needs transformers to be installed except hf_config_from (which
+fine-tuned model: encoder_state_from_hf), and the fine-tuning heads of model/heads.py (sequence classification,
+multiple choice, question answering, token classification), whose classes and head parameters have transformers'
+names. Nothing here needs transformers to be installed except hf_config_from (which
 builds a transformers.BertConfig); the exports and read_hf_checkpoint need only safetensors. The state-dict names
 are exactly transformers' (the same as those of the original BERT checkpoints converted to PyTorch), so our
 weights load into transformers and back bit for bit.
@@ -18,7 +19,12 @@ import torch
 
 from model.bert import BertForPreTraining
 from model.config import BertConfig
-from model.heads import BertForMultipleChoice, BertForSequenceClassification
+from model.heads import (
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 
 # transformers stores the tied decoder twice in state_dict() (as the embedding and as the decoder) and saves it
 # once; these are the aliases it drops when saving.
@@ -34,7 +40,10 @@ _BERT = "bert."  # where BertForPreTraining and the task models (ours and transf
 _HF_POOLER = {"pooler.dense.weight", "pooler.dense.bias"}
 # transformers' classes with an MLM decoder, the only ones in which tie_word_embeddings means anything to us.
 _HF_DECODER_ARCHITECTURES = {"BertForPreTraining", "BertForMaskedLM", "BertLMHeadModel"}
-TASK_MODELS = (BertForSequenceClassification, BertForMultipleChoice)
+TASK_MODELS = (BertForSequenceClassification, BertForMultipleChoice, BertForQuestionAnswering,
+               BertForTokenClassification)
+TaskModel = (BertForSequenceClassification | BertForMultipleChoice | BertForQuestionAnswering
+             | BertForTokenClassification)
 
 
 def _encoder_renames(num_layers: int) -> list[tuple[str, str]]:
@@ -87,8 +96,13 @@ def _prefixed(prefix: str, state: dict[str, torch.Tensor]) -> dict[str, torch.Te
 
 
 def _encoder_to_hf(state: dict[str, torch.Tensor], num_layers: int) -> dict[str, torch.Tensor]:
-    """Our BertModel state dict under transformers' BertModel names (views: q, k, v slice the fused tensor)."""
-    hf = {theirs: state[mine] for mine, theirs in _encoder_renames(num_layers)}
+    """Our BertModel state dict under transformers' BertModel names (views: q, k, v slice the fused tensor).
+
+    A BertModel built without a pooler (add_pooling_layer=False) gives one without, as transformers' does.
+    """
+    has_pooler = "pooler.dense.weight" in state
+    hf = {theirs: state[mine] for mine, theirs in _encoder_renames(num_layers)
+          if has_pooler or not mine.startswith("pooler.")}
     for layer in range(num_layers):
         fused, separate = _qkv_names(layer)
         for param in ("weight", "bias"):
@@ -145,21 +159,28 @@ def hf_config_from(config: BertConfig, **hf_kwargs):
     return transformers.BertConfig(**hf_config_dict(config), **hf_kwargs)
 
 
-def hf_task_config_dict(model: BertForSequenceClassification | BertForMultipleChoice,
-                        id2label: Mapping[int | str, str] | Sequence[str] | None = None) -> dict:
+def hf_task_config_dict(model: TaskModel, id2label: Mapping[int | str, str] | Sequence[str] | None = None) -> dict:
     """The config.json transformers writes for a fine-tuned model of our task model's class.
 
     id2label: label names by id (a mapping with int or str keys, or a sequence in id order); by default
-    transformers' LABEL_0, LABEL_1, ... Sequence classification always gets labels and problem_type; multiple
-    choice only when id2label is given (its choices are not labels; transformers then assumes 2 and ignores them).
+    transformers' LABEL_0, LABEL_1, ... Sequence and token classification always get labels (and sequence
+    classification problem_type); multiple choice only when id2label is given (its choices are not labels;
+    transformers then assumes 2 and ignores them); question answering never (its two outputs, start and end, are
+    transformers' default num_labels of 2), and id2label for it is refused.
     """
     _check_task_model(model)
     values = {**hf_config_dict(model.config), "architectures": [type(model).__name__]}
-    if isinstance(model, BertForSequenceClassification):
+    if isinstance(model, BertForQuestionAnswering):
+        if id2label is not None:
+            raise ValueError(f"a question-answering model has no labels (its 2 outputs are the start and end "
+                             f"scores), got id2label {id2label!r}")
+        return values
+    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
         names = _label_names(id2label, model.num_labels)
-        # Set, so that transformers does not infer it from the labels' dtype (float labels would make a
-        # classifier "multi_label_classification").
-        values["problem_type"] = "regression" if model.is_regression else "single_label_classification"
+        if isinstance(model, BertForSequenceClassification):
+            # Set, so that transformers does not infer it from the labels' dtype (float labels would make a
+            # classifier "multi_label_classification").
+            values["problem_type"] = "regression" if model.is_regression else "single_label_classification"
     elif id2label is not None:
         names = _label_names(id2label, len(id2label))
     else:
@@ -323,11 +344,12 @@ def _check_task_model(model) -> None:
         raise TypeError(f"expected one of {[cls.__name__ for cls in TASK_MODELS]}, got {type(model).__name__}")
 
 
-def task_to_hf_state_dict(model: BertForSequenceClassification | BertForMultipleChoice) -> dict[str, torch.Tensor]:
+def task_to_hf_state_dict(model: TaskModel) -> dict[str, torch.Tensor]:
     """transformers' state_dict() of the class of the same name, from our task model.
 
-    The encoder is renamed; the head's parameters already have transformers' names. The tensors share memory with
-    the model (as state_dict() does); clone them to keep a snapshot.
+    The encoder is renamed (without a pooler for question answering and token classification, as transformers');
+    the head's parameters already have transformers' names. The tensors share memory with the model (as
+    state_dict() does); clone them to keep a snapshot.
     """
     _check_task_model(model)
     hf = _prefixed(_BERT, _encoder_to_hf(model.bert.state_dict(), model.config.num_layers))
@@ -335,15 +357,19 @@ def task_to_hf_state_dict(model: BertForSequenceClassification | BertForMultiple
     return hf
 
 
-def load_task_from_hf_state_dict(model: BertForSequenceClassification | BertForMultipleChoice,
-                                 hf_state_dict: dict[str, torch.Tensor]) -> None:
+def load_task_from_hf_state_dict(model: TaskModel, hf_state_dict: dict[str, torch.Tensor]) -> None:
     """Load a transformers state dict of the same class (e.g. a fine-tuned checkpoint's) into our task model.
 
-    Strict: the encoder with its pooler and the head, nothing more or less, in the model's shapes. To start
+    Strict: the encoder (with its pooler, for the models that have one) and the head, nothing more or less, in the
+    model's shapes; a pooler in the checkpoint of a model without one is the only thing dropped. To start
     fine-tuning from a pre-trained checkpoint instead, load encoder_state_from_hf(...)[0] into model.bert.
     """
     _check_task_model(model)
     encoder, others = encoder_state_from_hf(hf_state_dict, model.config.num_layers)
+    if model.bert.pooler is None:
+        # Question answering and token classification read no pooled state. transformers' classes have no pooler
+        # either, but checkpoints saved before it dropped theirs (add_pooling_layer, 2020) carry an unused one.
+        encoder = {name: tensor for name, tensor in encoder.items() if not name.startswith("pooler.")}
     state = {**_prefixed(_BERT, encoder), **others}
     expected = model.state_dict()
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
@@ -380,12 +406,13 @@ def export_hf(model: BertForPreTraining, out_dir: str | Path, tokenizer_dir_or_v
                          lowercase)
 
 
-def export_hf_task(model: BertForSequenceClassification | BertForMultipleChoice, out_dir: str | Path,
-                   tokenizer_dir_or_vocab_file: str | Path | None = None,
+def export_hf_task(model: TaskModel, out_dir: str | Path, tokenizer_dir_or_vocab_file: str | Path | None = None,
                    id2label: Mapping[int | str, str] | Sequence[str] | None = None,
                    lowercase: bool | None = None) -> Path:
-    """export_hf for a task model: AutoModelForSequenceClassification / AutoModelForMultipleChoice
-    .from_pretrained(out_dir) load it offline and give its logits; id2label as for hf_task_config_dict."""
+    """export_hf for a task model: AutoModelForSequenceClassification / AutoModelForMultipleChoice /
+    AutoModelForQuestionAnswering / AutoModelForTokenClassification .from_pretrained(out_dir) load it offline and
+    give its logits (question answering: as start_logits and end_logits, our logits[..., 0] and [..., 1]);
+    id2label as for hf_task_config_dict."""
     return _write_hf_dir(out_dir, hf_task_config_dict(model, id2label), task_to_hf_state_dict(model), model.config,
                          tokenizer_dir_or_vocab_file, lowercase)
 

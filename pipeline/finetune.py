@@ -16,7 +16,6 @@ training: the task, the data files, the weights, that the tokenizer fits the wei
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -31,18 +30,16 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `p
 
 import hydra  # noqa: E402
 import pytorch_lightning as pl  # noqa: E402
-import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import InterpolationResolutionError  # noqa: E402
 
 from model import BertConfig  # noqa: E402
-from pipeline.loggers import build_loggers, check_logger_config, csv_metrics_path, finish_wandb  # noqa: E402
+from pipeline.loggers import build_loggers, check_logger_config, finish_wandb  # noqa: E402
 from pipeline.loggers import wandb_environment  # noqa: E402
 from pipeline.optim import warmup_steps_of  # noqa: E402
 
 CONFIG_DIR = REPO_ROOT / "conf"
 SAMPLE_DATA = REPO_ROOT / "pipeline" / "finetuning" / "sample_data"
-METRICS_FILE = "metrics.json"
 log = logging.getLogger("pipeline.finetune")
 
 
@@ -85,7 +82,7 @@ class _Plan:
             raise ValueError("init= is required: the weights to fine-tune (a pre-training run directory, a .ckpt, a "
                              "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
                              "bert-base-uncased)")
-        self.files = _split_files(cfg, self.task)
+        self.sources = _split_sources(cfg, self.task)
         self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
         self.world_size = int(self.trainer_cfg.get("devices", 1) if str(self.trainer_cfg.get("devices", 1)).isdigit()
                               else 1) * int(self.trainer_cfg.get("num_nodes", 1))
@@ -116,49 +113,100 @@ def _output_dir(cfg: DictConfig) -> Path:
     return Path(value).resolve()
 
 
-def _split_files(cfg: DictConfig, task) -> dict[str, Path]:
-    """split -> file: data.<split> where given, else data.dir / the task's file name. Training and evaluation
-    files must exist; test files are used where they exist."""
+def _split_sources(cfg: DictConfig, task) -> dict[str, str]:
+    """split -> what task.read() reads it from: data.<split> where given (a file, a directory, a hub dataset name),
+    else the split's file in data.dir (under any name the task is distributed with), else data.dir itself when it
+    is a hub dataset (a local copy in hub layout, or a name). Training and evaluation data must be there; test
+    splits are used where they are."""
+    from pipeline.tasks.hub import looks_like_hub_directory
+
     data_dir = cfg.data.get("dir")
-    files: dict[str, Path] = {}
+    sources: dict[str, str] = {}
     for split in ("train", *task.eval_splits, *task.test_splits):
+        required = split not in task.test_splits
         given = cfg.data.get(split)
         if given:
-            files[split] = Path(str(given)).expanduser()
-        elif data_dir:
-            files[split] = Path(str(data_dir)).expanduser() / task.splits[split]
-        elif split in task.test_splits:
+            if _is_local_path(str(given)) and not Path(str(given)).expanduser().exists():
+                raise FileNotFoundError(f"{split} data of task {task.name} not found: {given}")
+            sources[split] = str(Path(str(given)).expanduser()) if _is_local_path(str(given)) else str(given)
             continue
-        else:
-            raise ValueError(f"task {task.name} has no data: pass data.dir=<the folder with "
-                             f"{', '.join(task.splits[s] for s in ('train', *task.eval_splits))}> (as the task is "
-                             f"distributed), data.{split}=<file>, or set GLUE_DIR to the folder holding all GLUE tasks")
-    for split, path in files.items():
-        if split not in task.test_splits and not path.exists():
-            raise FileNotFoundError(f"{split} data of task {task.name} not found: {path}")
-    return {split: path for split, path in files.items() if path.exists()}
+        if not data_dir:
+            if required:
+                raise ValueError(f"task {task.name} has no data: pass data.dir=<the task's folder as distributed>, "
+                                 f"data.{split}=<file>, or set GLUE_DIR to the folder holding all GLUE tasks. "
+                                 f"{_expected_files(task)}")
+            continue
+        directory = Path(str(data_dir)).expanduser()
+        if directory.is_dir():
+            found = _split_file(task, split, directory)
+            hub = getattr(task, "hub", None)
+            if found is not None:
+                sources[split] = str(found)
+            elif required and hub is not None and looks_like_hub_directory(directory, hub.splits[split][0]):
+                sources[split] = str(directory)
+            elif required:
+                raise FileNotFoundError(f"{split} data of task {task.name} not found in {directory}. "
+                                        f"{_expected_files(task)}")
+        elif _is_local_path(str(data_dir)):
+            raise FileNotFoundError(f"data.dir={data_dir} does not exist")
+        elif required:
+            sources[split] = str(data_dir)   # a hub dataset name: read() loads it (online) or says what is wrong
+    return sources
+
+
+def _split_file(task, split: str, directory: Path) -> Path | None:
+    if hasattr(task, "split_file"):   # tasks distributed under several file names find their own
+        return task.split_file(split, directory)
+    path = directory / task.splits[split]
+    return path if path.is_file() else None
+
+
+def _expected_files(task) -> str:
+    if hasattr(task, "expected_files"):
+        return task.expected_files()
+    return f"Expected in the task's folder: {', '.join(f'{split}: {name}' for split, name in task.splits.items())}."
+
+
+def _is_local_path(value: str) -> bool:
+    """A path rather than a hub dataset name ("nyu-mll/glue")."""
+    return value.startswith(("/", ".", "~")) or Path(value).expanduser().exists()
 
 
 # ----------------------------------------------------------------------------------------------------------
 # data
 
-def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def task_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The task's own settings (conf/task/: SQuAD's doc stride and answer length, NER's document context, ...) and
+    the sequence length, as the task's featurize / evaluate take them."""
+    settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k != "name"}
+    return {**settings, "max_seq_length": int(cfg.data.max_seq_length)}
+
+
+def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(rows as read, features, report) per split. Sequence tasks share features.featurize; tasks with their own
+    features (SQuAD's windows, NER's word alignment) bring a featurize method."""
     from pipeline.finetuning.features import featurize, truncation_report
 
     cache_dir = cfg.data.get("cache_dir")
-    features, report = {}, {}
-    for split, path in plan.files.items():
-        rows = plan.task.read(split, str(path), cache_dir=cache_dir)
+    settings = task_settings(cfg)
+    examples, features, report = {}, {}, {}
+    for split, source in plan.sources.items():
+        rows = plan.task.read(split, source, cache_dir=cache_dir)
         limit = cfg.data.get(f"limit_{'train' if split == 'train' else 'eval'}_examples")
         if limit and len(rows) > int(limit):
             rows = rows.select(range(int(limit)))
-        features[split] = featurize(rows, plan.task.kind, plan.tokenizer, plan.max_seq_length,
-                                    description=f"{plan.task.name} {split}")
-        report[split] = {"path": str(path), **truncation_report(features[split])}
-        if report[split]["examples_truncated"]:
+        examples[split] = rows
+        if hasattr(plan.task, "featurize"):
+            features[split], counts = plan.task.featurize(rows, plan.tokenizer, settings, training=split == "train")
+        else:
+            features[split] = featurize(rows, plan.task.kind, plan.tokenizer, plan.max_seq_length,
+                                        description=f"{plan.task.name} {split}")
+            counts = truncation_report(features[split])
+        report[split] = {"source": source, **counts}
+        if counts.get("examples_truncated"):
             log.info("%s %s: %d of %d examples cut to %d tokens (longest first)", plan.task.name, split,
-                     report[split]["examples_truncated"], report[split]["examples"], plan.max_seq_length)
-    return features, report
+                     counts["examples_truncated"], counts["examples"], plan.max_seq_length)
+    return examples, features, report
 
 
 def _pad_multiple(cfg: DictConfig, plan: _Plan) -> int:
@@ -174,16 +222,15 @@ def _pad_multiple(cfg: DictConfig, plan: _Plan) -> int:
 def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Fine-tune as `cfg` says; returns {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""
     from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
-    from pipeline.finetuning.module import FinetuneModule
+    from pipeline.finetuning.module import FinetuneModule, per_token_kind
     from pipeline.finetuning.weights import load_into_task_model
 
     plan = _Plan(cfg)
     output_dir = plan.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(int(cfg.seed), workers=True)
-    features, data_report = _featurized_splits(cfg, plan)
-    regression = plan.task.kind == "regression"
-    rows = {split: FeatureRows(split_features, regression) for split, split_features in features.items()}
+    examples, features, data_report = _featurized_splits(cfg, plan)
+    rows = {split: FeatureRows(split_features, plan.task.kind) for split, split_features in features.items()}
     collator = PaddingCollator(plan.tokenizer.pad_id, _pad_multiple(cfg, plan))
     num_workers = int(cfg.data.get("num_workers") or 0)
     train_batches = train_loader(rows["train"], plan.micro_batch_size, collator,
@@ -200,6 +247,9 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
     module = FinetuneModule(model_config=plan.model_config.to_dict(), task=plan.task.name,
                             optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True), scheduler=scheduler_cfg,
                             total_steps=total_steps, eval_splits=eval_splits)
+    if per_token_kind(plan.task.kind):
+        module.attach_eval_data({split: (examples[split], features[split]) for split in eval_splits},
+                                task_settings(cfg))
     loaded = load_into_task_model(module.model, plan.pretrained)
     log.info("weights from %s: %s", plan.pretrained.source, loaded)
 
@@ -273,9 +323,11 @@ def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int,
     from pipeline.finetuning.batches import eval_loader
     from pipeline.finetuning.module import gather_predictions
 
+    from pipeline.finetuning.module import per_token_kind
+
     predictions = {}
     for split in plan.task.test_splits:
-        if split in rows:
+        if split in rows and not per_token_kind(plan.task.kind):
             batches = trainer.predict(module, dataloaders=eval_loader(rows[split], batch_size, collator))
             predictions[split] = gather_predictions(batches, plan.task.kind)
     return predictions

@@ -7,8 +7,9 @@ so a batch holds sentences of similar length while the order stays random at the
 transformers' LengthGroupedSampler). Evaluation always runs in order of length and puts the predictions back in
 row order (each batch carries its rows' positions in `row`).
 
-A batch: input_ids, token_type_ids, attention_mask (B, T) int64 - (B, K, T) for multiple choice -, labels (B,)
-(float for regression), row (B,) positions in the split.
+A batch: input_ids, token_type_ids, attention_mask (B, T) int64 - (B, K, T) for multiple choice -, labels: (B,)
+for sequence tasks (float for regression), (B, 2) start and end positions for span tasks (SQuAD), (B, T) per token
+for token tasks (NER; -100 where a token has no label, padding included) - and row (B,) positions in the split.
 """
 from __future__ import annotations
 
@@ -20,17 +21,21 @@ import numpy as np
 import torch
 
 MEGABATCH_BATCHES = 50
+IGNORE_INDEX = -100   # model.bert.IGNORE_INDEX: a token label that takes no part in the loss
 
 
 class FeatureRows(torch.utils.data.Dataset):
     """The columns of a featurized split, held as Python lists (a few hundred MB for the largest GLUE task)."""
 
-    def __init__(self, features: datasets.Dataset, regression: bool):
+    def __init__(self, features: datasets.Dataset, kind: str):
+        """kind: the task's (classification, regression, multiple_choice, span, token)."""
         self.input_ids = features["input_ids"]
         self.token_type_ids = features["token_type_ids"]
         self.lengths = np.asarray(features["length"], dtype=np.int64)
         labels = features["label"] if "label" in features.column_names else [-1] * len(self.lengths)
-        self.labels = np.asarray(labels, dtype=np.float32 if regression else np.int64)
+        # Token labels stay one list per row (their lengths differ); everything else is one array.
+        self.labels = labels if kind == "token" else np.asarray(
+            labels, dtype=np.float32 if kind == "regression" else np.int64)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -68,8 +73,14 @@ class PaddingCollator:
         if choices:
             K = len(first)
             batch = {key: value.view(len(rows), K, T) for key, value in batch.items()}   # (B, K, T)
-        labels = np.asarray([row["label"] for row in rows])
-        batch["labels"] = torch.from_numpy(labels)
+        labels = [row["label"] for row in rows]
+        if isinstance(labels[0], list) and not choices:   # per token: pad with the ignored label
+            padded = torch.full((len(rows), T), IGNORE_INDEX, dtype=torch.long)
+            for i, row_labels in enumerate(labels):
+                padded[i, :len(row_labels)] = torch.tensor(row_labels)
+            batch["labels"] = padded
+        else:
+            batch["labels"] = torch.from_numpy(np.asarray(labels))
         batch["row"] = torch.tensor([row["row"] for row in rows], dtype=torch.long)
         return batch
 

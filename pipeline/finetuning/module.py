@@ -22,10 +22,16 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 def build_task_model(config: BertConfig, kind: str, num_labels: int) -> torch.nn.Module:
-    from model import BertForMultipleChoice, BertForSequenceClassification
+    import model
 
     if kind == "multiple_choice":
-        return BertForMultipleChoice(config)
+        return model.BertForMultipleChoice(config)
+    if kind == "span":
+        return model.BertForQuestionAnswering(config)
+    if kind == "token":
+        return model.BertForTokenClassification(config, num_labels=num_labels)
+    from model import BertForSequenceClassification
+
     if kind == "regression":
         return BertForSequenceClassification(config, num_labels=1)
     return BertForSequenceClassification(config, num_labels=num_labels)
@@ -39,11 +45,16 @@ def predictions_from_logits(kind: str, logits: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass
 class Evaluation:
     split: str
-    rows: np.ndarray          # positions in the split, ascending
-    logits: np.ndarray        # (N, labels or choices)
-    predictions: np.ndarray   # (N,)
+    rows: np.ndarray                  # positions in the split's features, ascending
+    predictions: np.ndarray | None    # (N,) label ids or scores: sequence tasks
     labels: np.ndarray | None
     metrics: dict[str, float]
+    artefacts: dict[str, Any] = dataclasses.field(default_factory=dict)   # span / token tasks: file name -> content
+
+
+def per_token_kind(kind: str) -> bool:
+    """Tasks scored per token (span, token): their outputs are (T, ...) per row, evaluated by the task itself."""
+    return kind in ("span", "token")
 
 
 class FinetuneModule(pl.LightningModule):
@@ -59,7 +70,14 @@ class FinetuneModule(pl.LightningModule):
         self.model = build_task_model(BertConfig(**model_config), self.task.kind, labels)
         self.eval_splits = list(eval_splits)
         self.evaluations: dict[str, Evaluation] = {}
-        self._collected: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+        self._collected: dict[int, list[tuple]] = {}
+        # span / token tasks: split -> (rows as read, features), and the task's settings; set by attach_eval_data
+        self.eval_data: dict[str, tuple[Any, Any]] = {}
+        self.task_settings: dict[str, Any] = {}
+
+    def attach_eval_data(self, eval_data: dict[str, tuple[Any, Any]], settings: dict[str, Any]) -> None:
+        """What a per-token task's evaluate() needs besides the outputs: the examples and features of each split."""
+        self.eval_data, self.task_settings = eval_data, settings
 
     def forward(self, batch: dict[str, torch.Tensor], with_labels: bool = True):
         inputs = {key: batch[key] for key in MODEL_INPUTS}
@@ -80,8 +98,11 @@ class FinetuneModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         out = self(batch)
-        self._collected.setdefault(dataloader_idx, []).append(
-            (batch["row"].cpu(), out.logits.detach().float().cpu(), batch["labels"].cpu()))
+        logits = out.logits.detach().float().cpu()
+        if per_token_kind(self.task.kind):   # (B, T, ...): keep each row's real tokens only
+            lengths = batch["attention_mask"].sum(dim=1).cpu().tolist()
+            logits = [logits[i, :n].numpy() for i, n in enumerate(lengths)]
+        self._collected.setdefault(dataloader_idx, []).append((batch["row"].cpu(), logits, batch["labels"].cpu()))
         split = self.eval_splits[dataloader_idx]
         self.log(f"{split}/loss", out.loss.detach(), on_step=False, on_epoch=True, add_dataloader_idx=False,
                  batch_size=len(batch["row"]))
@@ -89,10 +110,16 @@ class FinetuneModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         for index, parts in sorted(self._collected.items()):
             split = self.eval_splits[index]
-            rows, logits, labels = _gather_rows(parts)
-            predictions = predictions_from_logits(self.task.kind, logits)
-            metrics = self.task.metrics(predictions, labels)
-            self.evaluations[split] = Evaluation(split, rows, logits, predictions, labels, metrics)
+            if per_token_kind(self.task.kind):
+                rows, outputs = _gather_per_token(parts)
+                examples, features = self.eval_data[split]
+                metrics, artefacts = self.task.evaluate(examples, features, outputs, self.task_settings)
+                self.evaluations[split] = Evaluation(split, rows, None, None, metrics, artefacts)
+            else:
+                rows, logits, labels = _gather_rows(parts)
+                predictions = predictions_from_logits(self.task.kind, logits)
+                metrics = self.task.metrics(predictions, labels)
+                self.evaluations[split] = Evaluation(split, rows, predictions, labels, metrics)
             if not self.trainer.sanity_checking:
                 for name, value in metrics.items():
                     self.log(f"{split}/{name}", float(value), add_dataloader_idx=False, rank_zero_only=True)
@@ -123,6 +150,20 @@ def _gather_rows(parts: list[tuple[torch.Tensor, ...]]) -> tuple[np.ndarray, np.
         return rows, logits.numpy()[first], labels.numpy()[first]
     order = torch.argsort(rows)
     return rows[order].numpy(), logits[order].numpy(), labels[order].numpy()
+
+
+def _gather_per_token(parts: list[tuple]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(rows ascending, each row's (T_row, ...) outputs in that order), from every rank under DDP."""
+    rows = torch.cat([p[0] for p in parts]).tolist()
+    outputs = [array for p in parts for array in p[1]]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, (rows, outputs))
+        rows = [r for g in gathered for r in g[0]]
+        outputs = [o for g in gathered for o in g[1]]
+    by_row = dict(zip(rows, outputs))   # a distributed sampler repeats rows to even out: keep one
+    ordered = sorted(by_row)
+    return np.asarray(ordered), [by_row[r] for r in ordered]
 
 
 def gather_predictions(batches: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> tuple[np.ndarray, np.ndarray]:

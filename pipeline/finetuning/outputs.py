@@ -2,6 +2,8 @@
 
     metrics.json                 dev metrics per split, the main score, settings, data and truncation counts
     predictions/<split>.tsv      idx, prediction, label: each dev row's prediction beside its gold label
+    predictions/<split>/<file>   a span or token task's own files (SQuAD: predictions.json, nbest_predictions.json;
+                                 NER: predictions in CoNLL format)
     glue_submission/<Task>.tsv   GLUE leaderboard files for the test splits that were given
     curves.png                   training loss per step and the dev metrics per epoch, from csv/metrics.csv
     hf_export/                   transformers' BertForSequenceClassification / BertForMultipleChoice + tokenizer
@@ -29,6 +31,11 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
                       summary: dict[str, Any]) -> dict[str, str]:
     files: dict[str, str] = {}
     for split, evaluation in evaluations.items():
+        for name, content in evaluation.artefacts.items():   # span / token tasks: their own prediction files
+            files[f"predictions/{split}/{name}"] = str(write_artefact(output_dir / PREDICTIONS_DIR / split / name,
+                                                                      content))
+        if evaluation.predictions is None:
+            continue
         path = write_predictions(output_dir / PREDICTIONS_DIR / f"{split}.tsv", task,
                                  np.asarray(split_rows[split]["idx"])[evaluation.rows], evaluation.predictions,
                                  evaluation.labels)
@@ -37,14 +44,16 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
         from pipeline.tasks.submission import write_submission
 
         for split, (rows, predictions) in test_predictions.items():
+            if task.submission_file(split) is None:   # SWAG's test set: no leaderboard file format here
+                continue
             path = write_submission(task, split, np.asarray(split_rows[split]["idx"])[rows], predictions,
                                     output_dir / SUBMISSION_DIR)
-            if path is not None:
-                files[f"submission/{split}"] = str(path)
+            files[f"submission/{split}"] = str(path)
     if export_hf:
         from model.hf_conversion import export_hf_task
 
-        id2label = dict(enumerate(task.label_names)) if task.label_names and task.kind != "multiple_choice" else None
+        id2label = (dict(enumerate(task.label_names)) if task.label_names and task.kind in ("classification", "token")
+                    else None)
         files["hf_export"] = str(export_hf_task(model, output_dir / HF_EXPORT_DIR, tokenizer_source,
                                                 id2label=id2label))
     csv_path = csv_metrics_path(output_dir)
@@ -53,6 +62,16 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
     (output_dir / METRICS_FILE).write_text(json.dumps({**summary, "files": files}, indent=2) + "\n")
     files["metrics"] = str(output_dir / METRICS_FILE)
     return files
+
+
+def write_artefact(path: Path, content: Any) -> Path:
+    """A task's prediction file: text as is (CoNLL output), anything else as JSON (SQuAD's predictions.json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, str):
+        path.write_text(content, encoding="utf-8")
+    else:
+        path.write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
 
 
 def write_predictions(path: Path, task, idx: np.ndarray, predictions: np.ndarray, labels: np.ndarray | None) -> Path:

@@ -76,7 +76,7 @@ class Task:
         if location.is_file():
             return read_delimited(self, split, location, cache)
         if location.is_dir():
-            found = self._split_file(split, location)
+            found = self.split_file(split, location)
             if found is not None:
                 return read_delimited(self, split, found, cache)
             if self.hub is not None and looks_like_hub_directory(location, self.hub.splits[split][0]):
@@ -90,7 +90,8 @@ class Task:
     def _split_candidates(self, split: str) -> tuple[str, ...]:
         return (self.splits[split], *self.other_file_names.get(split, ()))
 
-    def _split_file(self, split: str, directory: Path) -> Path | None:
+    def split_file(self, split: str, directory: Path) -> Path | None:
+        """The file of `split` in a directory of the task's files (any of the names it is distributed under)."""
         for name in self._split_candidates(split):
             if (directory / name).is_file():
                 return (directory / name).resolve()

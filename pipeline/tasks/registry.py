@@ -1,4 +1,5 @@
-"""The ten tasks: GLUE's nine (file formats as the GLUE download ships them) and SWAG.
+"""The ten tasks: GLUE's nine (file formats as the GLUE download ships them) and SWAG; and the tasks with their
+own features and evaluation (SPAN_TOKEN_TASKS: SQuAD v1.1, pipeline.tasks.squad).
 
 Label ids follow the hub's ClassLabel order (``nyu-mll/glue``), so hub-layout data and GLUE's TSVs agree.
 ``file_labels`` are the labels as the TSVs (and the leaderboard) write them: text for MNLI, QNLI and RTE, 0/1 for
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from pipeline.tasks.base import Task
 from pipeline.tasks.layouts import FileLayout, HubLayout
+from pipeline.tasks.squad.task import SQUAD_V1
 
 GLUE_HUB = "nyu-mll/glue"
 SWAG_HUB = "allenai/swag"
@@ -117,10 +119,21 @@ SWAG = Task(
 
 TASKS: dict[str, Task] = {task.name: task for task in (COLA, SST2, MRPC, STSB, QQP, MNLI, QNLI, RTE, WNLI, SWAG)}
 
+# Tasks with their own reader, features and evaluation (read / featurize / evaluate methods) rather than a
+# pipeline.tasks.base.Task: SQuAD v1.1's spans. Kept apart from TASKS, the GLUE/SWAG set.
+SPAN_TOKEN_TASKS: dict[str, object] = {task.name: task for task in (SQUAD_V1,)}
 
-def get_task(name: str) -> Task:
-    """The task called ``name`` (case-insensitive; "sst-2"/"sts-b" as GLUE spells them work too)."""
-    key = name.lower().replace("-", "")
-    if key not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    return TASKS[key]
+ALL_TASKS: dict[str, object] = {**TASKS, **SPAN_TOKEN_TASKS}
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def get_task(name: str):
+    """The task called ``name`` (case-insensitive, "-" and "_" ignored: "sst-2"/"sts-b" as GLUE spells them,
+    "squad-v1")."""
+    by_key = {_key(task_name): task for task_name, task in ALL_TASKS.items()}
+    if _key(name) not in by_key:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(ALL_TASKS)}")
+    return by_key[_key(name)]

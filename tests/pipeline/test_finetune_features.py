@@ -108,10 +108,26 @@ def test_evaluation_order_is_shortest_first():
     assert by_length(np.array([5, 2, 9, 2])) == [1, 3, 0, 2]
 
 
+def test_token_labels_are_padded_with_the_ignored_label():
+    import datasets
+    features = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 7, 8, 9, 3]], "token_type_ids": [[0] * 3, [0] * 5],
+                                           "length": [3, 5], "label": [[-100, 1, -100], [-100, 2, -100, 3, -100]]})
+    rows = FeatureRows(features, kind="token")
+    batch = PaddingCollator(0)([rows[0], rows[1]])
+    assert batch["labels"].tolist() == [[-100, 1, -100, -100, -100], [-100, 2, -100, 3, -100]]
+
+
+def test_span_labels_are_start_end_pairs():
+    import datasets
+    features = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3, 8, 3]], "token_type_ids": [[0, 0, 0, 1, 1]],
+                                           "length": [5], "label": [[3, 3]]})
+    assert PaddingCollator(0)([FeatureRows(features, kind="span")[0]])["labels"].tolist() == [[3, 3]]
+
+
 def test_feature_rows_regression_labels_are_float():
     import datasets
     features = datasets.Dataset.from_dict({"input_ids": [[2, 3]], "token_type_ids": [[0, 0]], "length": [2],
                                            "label": [3.5], "idx": [0]})
-    rows = FeatureRows(features, regression=True)
+    rows = FeatureRows(features, kind="regression")
     assert rows[0]["label"] == np.float32(3.5)
     assert PaddingCollator(0)([rows[0]])["labels"].dtype == torch.float32

@@ -148,3 +148,55 @@ def test_every_task_config_composes():
     for path in sorted((REPO_ROOT / "conf" / "task").glob("*.yaml")):
         cfg = compose_config([f"task={path.stem}", "output_dir=/tmp/x"])
         assert cfg.task.name == path.stem
+
+
+def test_mnli_evaluates_matched_and_mismatched_and_writes_m_mm_and_ax(tiny_bert_dir, tmp_path):
+    """GLUE's MNLI layout (hand-written files in GLUE's exact format): two dev sets, three leaderboard files."""
+    mnli = Path(__file__).parent / "fixtures" / "glue" / "MNLI"
+    overrides = ["task=mnli", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}", f"data.dir={mnli}",
+                 f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false"]
+    result = finetune(compose_config(overrides))
+    assert set(result["metrics"]) == {"dev_matched", "dev_mismatched"}
+    out = tmp_path / "run"
+    for name, split in (("MNLI-m.tsv", "test_matched"), ("MNLI-mm.tsv", "test_mismatched"), ("AX.tsv", "ax")):
+        lines = (out / "glue_submission" / name).read_text().splitlines()
+        assert lines[0] == "index\tprediction", name
+        assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "neutral", "contradiction"}, name
+        with open(mnli / get_split_file(split)) as handle:
+            assert len(lines) == len(handle.read().splitlines()), name   # header + one line per row
+    predictions = (out / "predictions" / "dev_mismatched.tsv").read_text().splitlines()
+    assert predictions[0] == "idx\tprediction\tlabel"
+
+
+def get_split_file(split: str) -> str:
+    from pipeline.tasks import get_task
+    return get_task("mnli").splits[split]
+
+
+def test_truncation_is_counted_and_reported(tiny_bert_dir, tmp_path):
+    overrides = ["task=sst2", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}",
+                 f"data.dir={SAMPLE_SST2}", f"data.cache_dir={tmp_path / 'cache'}", "data.max_seq_length=8",
+                 "data.limit_train_examples=100", "data.limit_eval_examples=100", "trainer.max_epochs=1",
+                 "trainer.enable_progress_bar=false", "export.hf=false", "export.plot=false"]
+    finetune(compose_config(overrides))
+    report = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
+    lengths = [len(line.split()) for line in (SAMPLE_SST2 / "train.tsv").read_text().splitlines()[1:101]]
+    assert 0 < report["train"]["examples_truncated"] <= 100
+    assert report["train"]["examples_truncated"] >= sum(n > 6 for n in lengths)   # > 6 words is > 6 word pieces
+    assert report["train"]["tokens_cut"] >= sum(max(0, n - 6) for n in lengths)
+
+
+def test_wandb_offline_run_logs_dev_metrics_in_the_run_directory(tiny_bert_dir, tmp_path, monkeypatch,
+                                                                read_wandb_history):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb_config"))   # the rest goes into the run directory
+    overrides = ["task=sst2", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}",
+                 f"data.dir={SAMPLE_SST2}", f"data.cache_dir={tmp_path / 'cache'}", "data.limit_train_examples=64",
+                 "data.limit_eval_examples=64", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+                 "logger=wandb_offline", "logger.group=sst2-sweep", "export.hf=false",
+                 "trainer.log_every_n_steps=1"]
+    finetune(compose_config(overrides))
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1
+    history = read_wandb_history(runs[0])
+    assert any("dev/acc" in row for row in history) and any("train/loss" in row for row in history)
