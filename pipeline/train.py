@@ -130,7 +130,11 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
         raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     try:
-        shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size)
+        # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
+        # stops the run now, named, rather than hours in wherever its row group comes.
+        verify = bool(cfg.data.get("verify_checksums", True)) and _is_first_process()
+        shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
+                                  verify_checksums=verify)
     except FileNotFoundError as error:
         hint = ""
         if Path(path).resolve() == SAMPLE_SHARDS.resolve():
@@ -142,6 +146,11 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
                          f"data.max_predictions_per_seq={expected}: these shards were made for another phase; set "
                          f"data.max_predictions_per_seq={shard_set.max_predictions_per_seq} or use the right set")
     return shard_set
+
+
+def _is_first_process() -> bool:
+    """Global rank 0 as the launchers say it before the Trainer exists (SLURM, torchrun, Lightning's own)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
 
 
 def _check_strategy_and_optimizer(cfg: DictConfig) -> None:
