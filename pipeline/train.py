@@ -148,6 +148,22 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
     return shard_set
 
 
+def _newest_checkpoint(output_dir: Path) -> str:
+    """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
+    only a temporary file, removed here, and the previous checkpoint whole)."""
+    from pipeline.checkpoints import newest_complete_checkpoint, remove_partial_checkpoints
+
+    if _is_first_process():
+        for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
+            log.info("removed %s, left by an interrupted checkpoint write", partial)
+    newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
+    if newest is None:
+        raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
+                                "run's output_dir=..., or start without ckpt_path)")
+    log.info("resuming from %s, the newest complete checkpoint", newest)
+    return str(newest)
+
+
 def _is_first_process() -> bool:
     """Global rank 0 as the launchers say it before the Trainer exists (SLURM, torchrun, Lightning's own)."""
     return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
@@ -194,6 +210,8 @@ class _Plan:
         self.warmup_steps = warmup_steps_of(cfg.scheduler, self.schedule_steps)
         _check_strategy_and_optimizer(cfg)
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
+        if self.ckpt_path == "last":
+            self.ckpt_path = _newest_checkpoint(self.output_dir)
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
@@ -277,6 +295,14 @@ def _build_strategy(cfg: DictConfig, plan: _Plan):
                           optimizer_cfg=optimizer_cfg, accelerator=str(plan.trainer_cfg.get("accelerator", "auto")))
 
 
+def _checkpoint_plugins(strategy) -> list:
+    """Atomic checkpoint files (pipeline/checkpoints.py); DeepSpeed writes its own sharded directories."""
+    from pytorch_lightning.strategies import DeepSpeedStrategy
+
+    from pipeline.checkpoints import AtomicCheckpointIO
+    return [] if isinstance(strategy, DeepSpeedStrategy) else [AtomicCheckpointIO()]
+
+
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
@@ -320,8 +346,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         resuming = plan.ckpt_path is not None or any(output_dir.glob("hpc_ckpt_*.ckpt"))
         loggers = build_loggers(cfg.logger, output_dir, run_config=run_config, resume=resuming)
         try:
+            strategy = _build_strategy(cfg, plan)
             trainer = pl.Trainer(**plan.trainer_cfg, accumulate_grad_batches=plan.accumulation,
-                                 strategy=_build_strategy(cfg, plan), logger=loggers,
+                                 strategy=strategy, logger=loggers, plugins=_checkpoint_plugins(strategy),
                                  callbacks=[*callbacks, *extra_callbacks], default_root_dir=str(output_dir))
             trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
             last_checkpoint = _save_final_checkpoint(trainer, checkpoint_callback, checkpoint_dir)
