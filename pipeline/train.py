@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
 
+from data_prep.known_noise import silence_known_noise  # noqa: E402
+
+silence_known_noise()
+
 import hydra  # noqa: E402
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
@@ -51,6 +55,20 @@ log = logging.getLogger("pipeline.train")
 
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+# conf/ also holds data_prep's presets (conf/data_prep/), which Hydra would list among training's groups.
+NOT_TRAINING_GROUPS = ("data_prep", "hydra")
+
+
+def training_config_groups() -> str:
+    """The config groups of training, with their options, for `python pipeline/train.py --help`."""
+    lines = []
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in NOT_TRAINING_GROUPS):
+        lines.append(f"{group.name}: {', '.join(sorted(o.stem for o in group.glob('*.yaml')))}")
+    return "\n".join(lines)
+
+
+if not OmegaConf.has_resolver("training_config_groups"):
+    OmegaConf.register_new_resolver("training_config_groups", training_config_groups)
 
 
 # ----------------------------------------------------------------------------------------------------------
