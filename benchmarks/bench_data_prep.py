@@ -1,12 +1,16 @@
-"""Data-prep benchmark: throughput per core against the reference, memory at 1x vs 4x, scaling over workers.
+"""Data-prep benchmark: throughput per core against the reference run in the same script, memory at 1x vs 4x,
+scaling over workers.
 
+    pip install -e ".[bench]"        # the reference: bert-tensorflow (google-research/bert) on tensorflow-cpu
     python benchmarks/bench_data_prep.py [--books ../shared/data/corpora/books] [--skip-scaling] [--scaling-copies 16]
+        [--reference-python PYTHON]   # an interpreter that has the bench extra, if this one does not
 
-Input: the six Gutenberg books (the corpus the reference figures below were measured on), read from raw
-text, so sentence splitting and tokenization are included. Each measurement runs in a fresh process so that
-its peak RSS is its own. Reference (google-research/bert create_pretraining_data.py on the same books,
-pre-split into sentences, seq 128, dupe_factor 5, one core of this machine): 42,316 instances, 4.64 M
-output tokens, ~234 k output tokens/s, 176 MB peak RSS.
+Input: the six Gutenberg books, read from raw text by us, so sentence splitting and tokenization are included.
+The baseline is google-research/bert's create_pretraining_data.py (bert-tensorflow 1.0.4, its TF1 names taken
+from tensorflow's compat.v1), run here, in this script, on the same books (1x and 4x), pre-split into sentences
+by our reader and segmenter (that preparation is not timed), with the same vocabulary and settings (seq 128, 20
+predictions, dupe_factor 5, seed 12345), on one core. Each measurement runs in a fresh process so that its peak
+RSS is its own. Without the bench extra, the reference is skipped and said so.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = {"instances": 42316, "tokens": 4.64e6, "tokens_per_s": 234e3, "peak_rss_mb": 176}
+VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
+ONE_CORE_ENV = {"RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+                "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def measure(argv: list[str]) -> None:
@@ -42,6 +48,66 @@ def measure(argv: list[str]) -> None:
     }))
 
 
+def measure_reference(spec: dict) -> None:
+    """Child mode: google-research/bert's create_pretraining_data.main() on spec's sentence file, as JSON figures."""
+    import tensorflow
+
+    sys.modules["tensorflow"] = tensorflow.compat.v1   # the reference's tf.flags, tf.gfile, tf.python_io, ...
+    tf = tensorflow.compat.v1
+    tf.logging.set_verbosity(tf.logging.WARN)
+    from bert import create_pretraining_data as reference
+
+    reference.FLAGS([sys.argv[0], f"--input_file={spec['input']}", f"--output_file={spec['output']}",
+                     f"--vocab_file={VOCAB}", "--do_lower_case=True", "--max_seq_length=128",
+                     "--max_predictions_per_seq=20", "--masked_lm_prob=0.15", "--random_seed=12345",
+                     "--dupe_factor=5", "--short_seq_prob=0.1"])
+    reference.tf.logging.info = lambda *args, **kwargs: None   # it logs its first 20 instances token by token
+    started = time.perf_counter()
+    reference.main(None)
+    wall = time.perf_counter() - started
+    instances = tokens = random_next = 0
+    for record in tf.python_io.tf_record_iterator(spec["output"]):
+        example = tf.train.Example.FromString(record)
+        instances += 1
+        tokens += sum(example.features.feature["input_mask"].int64_list.value)
+        random_next += example.features.feature["next_sentence_labels"].int64_list.value[0]
+    print(json.dumps({"wall_s": wall, "instances": instances, "tokens": tokens,
+                      "random_next_share": random_next / max(instances, 1),
+                      "peak_rss_mb_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def write_reference_input(corpus: Path, target: Path) -> None:
+    """The reference's input format: one sentence per line, a blank line between documents (our reader's books,
+    cut into sentences by our segmenter), so both sides start from the same documents and sentences."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from data_prep.documents import Document
+    from data_prep.readers import read_documents
+    from data_prep.segmentation import split_paragraphs_into_sentences
+
+    with open(target, "w", encoding="utf-8") as out:
+        for path in sorted(corpus.glob("*.txt")):
+            for item in read_documents(str(path), "books", path.name):
+                if isinstance(item, Document):
+                    out.write("\n".join(split_paragraphs_into_sentences(item.paragraphs)) + "\n\n")
+
+
+def reference_available(python: str) -> bool:
+    probe = "import tensorflow, bert.create_pretraining_data"
+    return subprocess.run([python, "-c", probe], capture_output=True, env={**os.environ, **ONE_CORE_ENV},
+                          check=False).returncode == 0
+
+
+def run_reference(python: str, corpus: Path, root: Path) -> dict:
+    sentences, output = root / f"{corpus.name}.sentences.txt", root / f"{corpus.name}.tfrecord"
+    write_reference_input(corpus, sentences)
+    spec = {"input": str(sentences), "output": str(output)}
+    result = subprocess.run([python, __file__, "--measure-reference", json.dumps(spec)], capture_output=True,
+                            text=True, env={**os.environ, **ONE_CORE_ENV}, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def replicate(books: Path, root: Path, copies: int) -> Path:
     """`copies` copies of the books under distinct names: distinct documents, the same text statistics."""
     target = root / f"books_x{copies}"
@@ -55,7 +121,7 @@ def replicate(books: Path, root: Path, copies: int) -> Path:
 def run_job(corpus: Path, out: Path, shards: int, beam_args: list[str]) -> dict:
     argv = [f"inputs=[{{path: '{corpus}/*.txt', format: books}}]", f"output_dir={out}", "preset=phase1",
             f"num_shards={shards}", "dupe_factor=5", *beam_args]
-    env = {**os.environ, "RAYON_NUM_THREADS": "1"}   # one tokenizer thread per process: per-core figures
+    env = {**os.environ, **ONE_CORE_ENV}   # one tokenizer thread per process: per-core figures
     result = subprocess.run([sys.executable, __file__, "--measure", json.dumps(argv)], capture_output=True,
                             text=True, env=env, check=False)
     if result.returncode != 0:
@@ -69,32 +135,48 @@ def main() -> None:
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--scaling-copies", type=int, default=16,
                         help="corpus copies for the 1 vs 2 worker run: large enough that start-up does not dominate")
+    parser.add_argument("--reference-python", default=sys.executable,
+                        help="interpreter with the bench extra (tensorflow-cpu, bert-tensorflow) for the reference")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-reference", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         measure(json.loads(args.measure))
         return
+    if args.measure_reference:
+        measure_reference(json.loads(args.measure_reference))
+        return
 
+    with_reference = reference_available(args.reference_python)
+    if not with_reference:
+        print(f"reference not installed for {args.reference_python} (pip install -e '.[bench]'): "
+              "our figures only, no ratios")
     in_process = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        x1 = replicate(args.books, root, 1)
-        one = run_job(x1, root / "out1", 1, in_process)
-        tokens_per_s = one["tokens"] / one["wall_s"]
-        print("== throughput: one process, one core (in-process DirectRunner, 1 tokenizer thread), six books")
-        print(f"instances {one['instances']:,} (reference {REFERENCE['instances']:,}); output tokens {one['tokens']:,} "
-              f"(reference {REFERENCE['tokens']:,.0f})")
-        print(f"statistics {json.dumps({k: round(v, 4) for k, v in one['statistics'].items()})}")
-        print(f"wall {one['wall_s']:.2f} s; {tokens_per_s:,.0f} output tokens/s per core = "
-              f"{tokens_per_s / REFERENCE['tokens_per_s']:.2f}x the reference's {REFERENCE['tokens_per_s']:,.0f}")
-        print(f"peak RSS {one['peak_rss_mb_self']:.0f} MB (reference {REFERENCE['peak_rss_mb']} MB)")
+        throughput = {}
+        for copies in (1, 4):
+            corpus = replicate(args.books, root, copies)
+            ours = run_job(corpus, root / f"out{copies}", copies, in_process)
+            throughput[copies] = ours
+            ours_rate = ours["tokens"] / ours["wall_s"]
+            print(f"== throughput, {copies}x the six books: one process, one core (in-process DirectRunner, "
+                  "1 tokenizer thread, Beam start-up included)")
+            print(f"ours: {ours['instances']:,} instances, {ours['tokens']:,} output tokens in {ours['wall_s']:.2f} s = "
+                  f"{ours_rate:,.0f} tokens/s; random-next share {ours['statistics']['random_next_share']:.4f}; "
+                  f"peak RSS {ours['peak_rss_mb_self']:.0f} MB")
+            if with_reference:
+                ref = run_reference(args.reference_python, corpus, root)
+                ref_rate = ref["tokens"] / ref["wall_s"]
+                print(f"reference (same run): {ref['instances']:,} instances, {ref['tokens']:,} output tokens in "
+                      f"{ref['wall_s']:.2f} s = {ref_rate:,.0f} tokens/s; random-next share "
+                      f"{ref['random_next_share']:.4f}; peak RSS {ref['peak_rss_mb_self']:.0f} MB")
+                print(f"ratio ours / reference, per core: {ours_rate / ref_rate:.2f}x")
 
-        x4 = replicate(args.books, root, 4)
-        four = run_job(x4, root / "out4", 4, in_process)
+        one, four = throughput[1], throughput[4]
         print("== memory: 4x the corpus (4 shards of the same size as the 1x run's one)")
         print(f"peak RSS 1x {one['peak_rss_mb_self']:.0f} MB, 4x {four['peak_rss_mb_self']:.0f} MB: "
-              f"ratio {four['peak_rss_mb_self'] / one['peak_rss_mb_self']:.3f} (goal <= 1.20); "
-              f"4x throughput {four['tokens'] / four['wall_s']:,.0f} tokens/s")
+              f"ratio {four['peak_rss_mb_self'] / one['peak_rss_mb_self']:.3f} (goal <= 1.20)")
 
         if not args.skip_scaling:
             copies = args.scaling_copies

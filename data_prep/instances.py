@@ -7,8 +7,13 @@ sentences are put back; the pair is truncated from the longer side, front or bac
 
 Deliberate differences from the reference, each keeping its distribution:
 - the random document is drawn uniformly from the *other* documents of the bucket, so a "random" B never
-  comes from the same document (the reference's ten tries could fail and then label same-document text as
-  random, a known bug);
+  comes from the same document while the bucket has another (the reference's ten tries could fail and then
+  label same-document text as random, even its actual continuation: a known bug);
+- a bucket of one document (a single book, one large record) has no other document: B then comes from a
+  random place of the same document at least one full sequence away from A's chunk, so it is never A's
+  continuation nor the neighbouring chunk's text. Without this, such corpora get no NSP negatives at all
+  (the reference, whose B can come from anywhere in the same document, still gives about half). Each such
+  B is counted; a chunk with no place far enough counts as without a random document and takes its next;
 - truncation computes how many tokens each side loses in O(1) and draws the front/back split as a binomial,
   instead of one coin per removed token (the same distribution; a 10 MB line costs no more than a short one).
 
@@ -70,7 +75,11 @@ class Instance(NamedTuple):
 class InstanceCounts:
     """Events the statistics need that instances alone do not show."""
 
-    chunks_without_random_document: int = 0   # a bucket of one document: no other document to draw B from
+    # A chunk wanted a random B but found none: no other document in the bucket, and no place in its own
+    # document far enough from A. It took its actual next (or, a one-sentence chunk, made no instance).
+    chunks_without_random_document: int = 0
+    random_next_from_same_document: int = 0   # random Bs taken far from A in A's own document (one-document bucket)
+    one_sentence_chunk_instances: int = 0     # instances whose chunk had one sentence: B had to be random
 
 
 def create_instances_from_document(
@@ -99,31 +108,71 @@ def create_instances_from_document(
             a_segments = _randint(rng, 1, num_segments - 1) if num_segments >= 2 else 1
             a_start, a_end = starts[chunk_first], ends[chunk_first + a_segments - 1]
             use_random = num_segments == 1 or rng.random() < config.random_next_prob
-            if use_random and len(documents) < 2:
-                counts.chunks_without_random_document += 1
-                use_random = False
-                if num_segments == 1:   # nothing to pair with: the chunk yields no instance
-                    chunk_first, chunk_length = i + 1, 0
-                    i += 1
-                    continue
+            random_b = None
             if use_random:
-                b_doc = _randint(rng, 0, len(documents) - 2)
-                if b_doc >= doc_index:
-                    b_doc += 1
-                other = documents[b_doc]
-                first = _randint(rng, 0, len(other._ends) - 1)
-                b_start = other._starts[first]
-                # Sentences from `first` on until B reaches its share of the target (at least one sentence).
-                last = bisect.bisect_left(other._ends, b_start + target_length - (a_end - a_start), lo=first)
-                b_end = other._ends[min(last, len(other._ends) - 1)]
+                b_length = target_length - (a_end - a_start)
+                if len(documents) >= 2:
+                    random_b = _b_from_other_document(documents, doc_index, b_length, rng)
+                else:
+                    # At least a whole sequence away: never A's continuation, nor the next chunk's text.
+                    random_b = _b_far_in_same_document(documents, doc_index, starts[chunk_first], ends[i],
+                                                       b_length, max_num_tokens, rng)
+                    counts.random_next_from_same_document += random_b is not None
+                if random_b is None:
+                    counts.chunks_without_random_document += 1
+                    use_random = False
+                    if num_segments == 1:   # nothing to pair with: the chunk yields no instance
+                        chunk_first, chunk_length = i + 1, 0
+                        i += 1
+                        continue
+            if use_random:
+                b_doc, b_start, b_end = random_b
                 i -= num_segments - a_segments    # put the unused sentences back
             else:
                 b_doc, b_start, b_end = doc_index, a_end, ends[i]
+            counts.one_sentence_chunk_instances += num_segments == 1
             a_start, a_end, b_start, b_end = _truncate_pair(a_start, a_end, b_start, b_end, max_num_tokens, rng)
             instances.append(Instance(doc_index, a_start, a_end, b_doc, b_start, b_end, use_random, is_short))
             chunk_first, chunk_length = i + 1, 0
         i += 1
     return instances
+
+
+def _b_from_other_document(documents: Sequence[TokenizedDocument], doc_index: int, b_length: int,
+                           rng: random.Random) -> tuple[int, int, int]:
+    """A random B from a uniformly drawn *other* document: (document, start, end)."""
+    b_doc = _randint(rng, 0, len(documents) - 2)
+    if b_doc >= doc_index:
+        b_doc += 1
+    other = documents[b_doc]
+    first = _randint(rng, 0, len(other._ends) - 1)
+    return (b_doc, *_b_span(other, first, len(other._ends) - 1, b_length))
+
+
+def _b_far_in_same_document(documents: Sequence[TokenizedDocument], doc_index: int, chunk_start: int,
+                            chunk_end: int, b_length: int, min_distance: int,
+                            rng: random.Random) -> tuple[int, int, int] | None:
+    """A random B from A's own document, wholly `min_distance` tokens or more before or after A's chunk
+    [chunk_start, chunk_end); None where the document has no such place."""
+    document = documents[doc_index]
+    starts, ends = document._starts, document._ends
+    before = bisect.bisect_right(ends, chunk_start - min_distance)   # sentences [0, before) end far enough before
+    after = bisect.bisect_left(starts, chunk_end + min_distance)     # sentences [after, n) start far enough after
+    candidates = before + len(ends) - after
+    if candidates <= 0:
+        return None
+    pick = _randint(rng, 0, candidates - 1)
+    # Before A, B stops at the last sentence that still ends far enough from A.
+    first, last_allowed = (pick, before - 1) if pick < before else (after + pick - before, len(ends) - 1)
+    return (doc_index, *_b_span(document, first, last_allowed, b_length))
+
+
+def _b_span(document: TokenizedDocument, first: int, last_allowed: int, b_length: int) -> tuple[int, int]:
+    """Sentences from `first` on until B reaches `b_length` tokens (at least one sentence, none past
+    `last_allowed`): (start, end) token offsets."""
+    b_start = document._starts[first]
+    last = bisect.bisect_left(document._ends, b_start + b_length, lo=first)
+    return b_start, document._ends[min(last, last_allowed)]
 
 
 def _truncate_pair(a_start, a_end, b_start, b_end, max_num_tokens, rng: random.Random):

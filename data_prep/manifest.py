@@ -6,12 +6,15 @@ shard set through it and refuses one whose parameters do not fit its config.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import hashlib
 import json
+import os
 from typing import Any
 
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
@@ -20,6 +23,7 @@ from data_prep.shard_files import shard_settings
 from data_prep.stats import InstanceStats
 
 FORMAT_VERSION = 1
+_HASH_CHUNK_BYTES = 4 << 20
 
 
 def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> dict[str, Any]:
@@ -52,9 +56,13 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
             "sentences": counts.get("sentences", 0),
             "input_tokens": counts.get("input_tokens", 0),
             "files": counts.get("files", 0),
+            "one_sentence_chunk_instances": stats.one_sentence_chunk_instances,
+            "random_next_from_same_document": stats.random_next_from_same_document,
             "chunks_without_random_document": stats.chunks_without_random_document,
         },
-        "statistics": stats.summary(),
+        "statistics": {**stats.summary(),
+                       "expected_random_next_share": stats.expected_random_next_share(plan.config.random_next_prob)},
+        "warnings": [w for w in (stats.random_next_warning(plan.config.random_next_prob),) if w],
         "skipped": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped/")},
         "repaired": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("repaired/")},
     }
@@ -75,20 +83,30 @@ def read_manifest(shard_dir: str) -> dict[str, Any]:
         return json.loads(handle.read().decode("utf-8"))
 
 
-def verify_checksums(shard_dir: str, manifest: dict[str, Any] | None = None) -> list[str]:
-    """Names of shard files whose size or sha256 differs from the manifest (empty when all are intact)."""
+def verify_checksums(shard_dir: str, manifest: dict[str, Any] | None = None, threads: int | None = None) -> list[str]:
+    """Names of shard files whose size or sha256 differs from the manifest (empty when all are intact).
+
+    Files are hashed in parallel threads (hashlib and file reads release the GIL), so a set is checked at the
+    speed of its storage rather than of one core. A missing or unreadable file counts as differing.
+    """
     manifest = manifest or read_manifest(shard_dir)
-    bad = []
-    for shard in manifest["shards"]:
-        for kind in ("parquet", "tfrecord"):
-            if kind not in shard:
-                continue
-            entry = shard[kind]
-            digest, size = hashlib.sha256(), 0
-            with FileSystems.open(FileSystems.join(shard_dir, entry["path"])) as handle:
-                while chunk := handle.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-            if size != entry["bytes"] or digest.hexdigest() != entry["sha256"]:
-                bad.append(entry["path"])
-    return bad
+    entries = [shard[kind] for shard in manifest["shards"] for kind in ("parquet", "tfrecord") if kind in shard]
+    threads = threads or min(8, os.cpu_count() or 1, max(len(entries), 1))
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        intact = list(pool.map(lambda entry: _file_matches(shard_dir, entry), entries))
+    return [entry["path"] for entry, ok in zip(entries, intact) if not ok]
+
+
+def _file_matches(shard_dir: str, entry: dict[str, Any]) -> bool:
+    path = FileSystems.join(shard_dir, entry["path"])
+    digest, size = hashlib.sha256(), 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            while chunk := handle.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+                if size > entry["bytes"]:
+                    return False
+    except OSError:   # missing or unreadable: not the file the manifest describes
+        return False
+    return size == entry["bytes"] and digest.hexdigest() == entry["sha256"]

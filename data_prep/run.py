@@ -10,6 +10,7 @@ arguments starting with -- are Beam pipeline options, passed through untouched.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -19,6 +20,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
+
+from data_prep.known_noise import silence_known_noise, worker_stderr_filtered  # noqa: E402
+
+silence_known_noise()   # before Beam's import logs its own
 
 import apache_beam as beam  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
@@ -147,11 +152,48 @@ def format_summary(manifest: dict) -> str:
         f"masked token share  {stats['masked_token_share']:>12.4f}",
         f"mean length         {stats['mean_instance_length']:>12.2f}   tokens per instance",
         f"short-target share  {stats['short_target_share']:>12.4f}",
-        f"random-next share   {stats['random_next_share']:>12.4f}   (NSP label 1)",
+        f"random-next share   {stats['random_next_share']:>12.4f}   (NSP label 1; expected "
+        f"{stats.get('expected_random_next_share', float('nan')):.4f})",
+        f"  B from A's document {totals.get('random_next_from_same_document', 0):>10,}   "
+        "(bucket of one document: B at least a sequence away from A)",
+        f"  no random B found   {totals.get('chunks_without_random_document', 0):>10,}   chunks (took the actual next)",
         f"wall time           {seconds:>12.1f} s   (vocabulary and pipeline start-up included)",
         f"throughput          {totals['tokens'] / seconds:>12,.0f}   output tokens/s",
     ]
+    lines += [f"WARNING: {warning}" for warning in manifest.get("warnings", [])]
     return "\n".join(lines)
+
+
+def help_text() -> str:
+    """What --help prints: the presets, the keys a preset sets, and how Beam's options pass through."""
+    presets = []
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+        first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
+        presets.append(f"  {path.stem:<20}{'(default) ' if path.stem == DEFAULT_PRESET else ''}{first}")
+    keys = []
+    for field in dataclasses.fields(PrepConfig):
+        if field.name == "vocab":
+            continue
+        default = "required" if field.default is dataclasses.MISSING else f"default {field.default!r}"
+        keys.append(f"  {field.name:<26}{default}")
+    return "\n".join([
+        "usage: python data_prep/run.py [preset=NAME] [key=value ...] [--beam_option=value ...]",
+        "",
+        "Raw text (Wikipedia dumps, books, sentence files, JSONL/Parquet) -> tokenized, masked sentence-pair shards",
+        "and manifest.json, on any Apache Beam runner.",
+        "",
+        f"presets (conf/data_prep/):",
+        *presets,
+        "",
+        "keys (Hydra overrides of the preset, e.g. inputs='[/data/wiki/, {path: /data/b/*.txt, format: books}]'):",
+        *keys,
+        "  vocab.file, vocab.size, vocab.lowercase, vocab.sample_mb, vocab.min_frequency   (the vocabulary)",
+        "",
+        "Beam pipeline options: every argument starting with -- is passed to Beam untouched, e.g.",
+        "  --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py",
+        "  --runner=FlinkRunner --flink_master=HOST:8081",
+        "With no --runner: the DirectRunner with one worker process per core.",
+    ])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,14 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     # Relayed worker warnings about options meant for the launcher; not the user's concern.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     started = time.perf_counter()
-    overrides, beam_args = split_arguments(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    overrides, beam_args = split_arguments(argv)
     try:
         options = pipeline_options(beam_args)
         plan, tokens = plan_job(overrides)
     except (ValueError, FileNotFoundError) as error:  # bad options, config or inputs: nothing has started
         print(f"data_prep: error: {error}", file=sys.stderr)
         return 2
-    manifest = execute(plan, tokens, options, started)
+    with worker_stderr_filtered():
+        manifest = execute(plan, tokens, options, started)
     print(format_summary(manifest))
     print(f"shards, tokenizer and {MANIFEST_NAME} in {plan.config.output_dir}")
     return 0

@@ -95,6 +95,8 @@ def build_shard(
             seeds.extend([doc_seed] * len(made))
             ordinals.extend(range(len(made)))
     stats.chunks_without_random_document += counts.chunks_without_random_document
+    stats.random_next_from_same_document += counts.random_next_from_same_document
+    stats.one_sentence_chunk_instances += counts.one_sentence_chunk_instances
     if not spans:
         return
 

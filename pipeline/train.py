@@ -26,6 +26,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
 
+from data_prep.known_noise import silence_known_noise  # noqa: E402
+
+silence_known_noise()
+
 import hydra  # noqa: E402
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
@@ -51,6 +55,20 @@ log = logging.getLogger("pipeline.train")
 
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+# conf/ also holds data_prep's presets (conf/data_prep/), which Hydra would list among training's groups.
+NOT_TRAINING_GROUPS = ("data_prep", "hydra")
+
+
+def training_config_groups() -> str:
+    """The config groups of training, with their options, for `python pipeline/train.py --help`."""
+    lines = []
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in NOT_TRAINING_GROUPS):
+        lines.append(f"{group.name}: {', '.join(sorted(o.stem for o in group.glob('*.yaml')))}")
+    return "\n".join(lines)
+
+
+if not OmegaConf.has_resolver("training_config_groups"):
+    OmegaConf.register_new_resolver("training_config_groups", training_config_groups)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -130,7 +148,11 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
         raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     try:
-        shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size)
+        # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
+        # stops the run now, named, rather than hours in wherever its row group comes.
+        verify = bool(cfg.data.get("verify_checksums", True)) and _is_first_process()
+        shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
+                                  verify_checksums=verify)
     except FileNotFoundError as error:
         hint = ""
         if Path(path).resolve() == SAMPLE_SHARDS.resolve():
@@ -142,6 +164,27 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
                          f"data.max_predictions_per_seq={expected}: these shards were made for another phase; set "
                          f"data.max_predictions_per_seq={shard_set.max_predictions_per_seq} or use the right set")
     return shard_set
+
+
+def _newest_checkpoint(output_dir: Path) -> str:
+    """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
+    only a temporary file, removed here, and the previous checkpoint whole)."""
+    from pipeline.checkpoints import newest_complete_checkpoint, remove_partial_checkpoints
+
+    if _is_first_process():
+        for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
+            log.info("removed %s, left by an interrupted checkpoint write", partial)
+    newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
+    if newest is None:
+        raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
+                                "run's output_dir=..., or start without ckpt_path)")
+    log.info("resuming from %s, the newest complete checkpoint", newest)
+    return str(newest)
+
+
+def _is_first_process() -> bool:
+    """Global rank 0 as the launchers say it before the Trainer exists (SLURM, torchrun, Lightning's own)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
 
 
 def _check_strategy_and_optimizer(cfg: DictConfig) -> None:
@@ -185,6 +228,8 @@ class _Plan:
         self.warmup_steps = warmup_steps_of(cfg.scheduler, self.schedule_steps)
         _check_strategy_and_optimizer(cfg)
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
+        if self.ckpt_path == "last":
+            self.ckpt_path = _newest_checkpoint(self.output_dir)
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
@@ -268,6 +313,14 @@ def _build_strategy(cfg: DictConfig, plan: _Plan):
                           optimizer_cfg=optimizer_cfg, accelerator=str(plan.trainer_cfg.get("accelerator", "auto")))
 
 
+def _checkpoint_plugins(strategy) -> list:
+    """Atomic checkpoint files (pipeline/checkpoints.py); DeepSpeed writes its own sharded directories."""
+    from pytorch_lightning.strategies import DeepSpeedStrategy
+
+    from pipeline.checkpoints import AtomicCheckpointIO
+    return [] if isinstance(strategy, DeepSpeedStrategy) else [AtomicCheckpointIO()]
+
+
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
@@ -311,8 +364,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         resuming = plan.ckpt_path is not None or any(output_dir.glob("hpc_ckpt_*.ckpt"))
         loggers = build_loggers(cfg.logger, output_dir, run_config=run_config, resume=resuming)
         try:
+            strategy = _build_strategy(cfg, plan)
             trainer = pl.Trainer(**plan.trainer_cfg, accumulate_grad_batches=plan.accumulation,
-                                 strategy=_build_strategy(cfg, plan), logger=loggers,
+                                 strategy=strategy, logger=loggers, plugins=_checkpoint_plugins(strategy),
                                  callbacks=[*callbacks, *extra_callbacks], default_root_dir=str(output_dir))
             trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
             last_checkpoint = _save_final_checkpoint(trainer, checkpoint_callback, checkpoint_dir)

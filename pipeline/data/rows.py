@@ -89,6 +89,19 @@ def concat(parts: list[Rows]) -> Rows:
     return joined
 
 
+class ShardReadError(RuntimeError):
+    """A row group that cannot be read (a corrupt or replaced shard), named so that the user can act on it."""
+
+
+def _read_error(shard_set: ShardSet, file_index: int, group_index: int, error: Exception) -> ShardReadError:
+    return ShardReadError(
+        f"cannot read row group {group_index} of shard {shard_set.shards[file_index].path} (shard set "
+        f"{shard_set.path}): {type(error).__name__}: {error}. The file is corrupt or was changed after data_prep "
+        f"wrote it. Check the whole set against its manifest with `python -m pipeline.data.verify {shard_set.path}` "
+        "(training does this at start-up unless data.verify_checksums=false), then restore the file from a copy "
+        "or re-run data_prep for this set.")
+
+
 class RowGroupReader:
     """Reads pieces of a shard set's row groups into Rows; keeps a few files open, since a worker reads many
     groups of the same files in an epoch and opening one re-reads its footer."""
@@ -115,9 +128,12 @@ class RowGroupReader:
 
     def read_piece(self, piece: Piece) -> Rows:
         groups = self.shard_set.row_groups
-        # use_threads=False: a loader worker is one core's worth of work; parallelism comes from more workers.
-        table = self._file(int(groups.file[piece.group])).read_row_group(
-            int(groups.index[piece.group]), columns=self.columns, use_threads=False)
+        file_index, group_index = int(groups.file[piece.group]), int(groups.index[piece.group])
+        try:
+            # use_threads=False: a loader worker is one core's worth of work; parallelism comes from more workers.
+            table = self._file(file_index).read_row_group(group_index, columns=self.columns, use_threads=False)
+        except (OSError, pa.ArrowException) as error:
+            raise _read_error(self.shard_set, file_index, group_index, error) from error
         first_row = int(groups.first_row[piece.group])
         rows = slice(piece.start, piece.stop)
         token_values, token_offsets = _list_column(table.column("input_ids"))

@@ -7,6 +7,7 @@ single step runs.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -25,6 +26,7 @@ BASE_COLUMNS = ("input_ids", "num_tokens_a", "next_sentence_label")
 STATIC_COLUMNS = ("masked_lm_positions", "masked_lm_ids")
 # The data_prep presets that write each sequence length (for the messages below).
 _PRESET_FOR_LENGTH = {128: "phase1", 512: "phase2"}
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,16 +110,19 @@ class ShardSet:
         """Open the set at `path` for a model of `vocab_size` tokens trained on sequences of `max_seq_length`.
 
         Raises FileNotFoundError for a missing set or shard, ValueError for a set that does not fit.
-        verify_checksums: also hash every shard against the manifest (reads the whole set once).
+        verify_checksums: also hash every shard against the manifest (reads the whole set once, in parallel).
         """
         path = str(path)
         manifest = _read_manifest(path, max_seq_length)
         _check_fits(path, manifest, max_seq_length, vocab_size)
         if verify_checksums:
-            from data_prep.manifest import verify_checksums as corrupted_files
-            if bad := corrupted_files(path, manifest):
-                raise ValueError(f"shard set {path}: {bad} differ from the sizes and sha256 in its manifest (corrupted "
-                                 "or rewritten); re-run data_prep or restore them")
+            from pipeline.data.verify import verify_shard_set
+            result = verify_shard_set(path, manifest)
+            if result.bad_files:
+                raise ValueError(f"shard set {path}: {result.bad_files} differ from the sizes and sha256 in its "
+                                 "manifest (corrupted or rewritten); restore them from a copy or re-run data_prep. "
+                                 "Nothing was trained.")
+            log.info("shard set %s: %s", path, result.describe())
         tokens = _read_vocab(path, manifest)
         shards = tuple(ShardFile(_join(path, s["parquet"]["path"]), int(s["rows"])) for s in manifest["shards"])
         row_groups = _row_groups(shards, manifest)

@@ -88,10 +88,14 @@ def test_short_targets_are_drawn_per_document_copy_at_short_seq_prob():
 
 
 def test_a_bucket_of_one_document_counts_chunks_it_cannot_pair():
+    """One-sentence chunks need a random B: the first and last sentences are a sequence apart and pair with each
+    other; the middle one has no place far enough, so it makes no instance and is counted."""
     counts = InstanceCounts()
     instances = create_instances_from_document([make_document("only", [30, 30, 30])], 0, random.Random(0),
                                                InstanceConfig(20, short_seq_prob=0.0), counts)
-    assert instances == [] and counts.chunks_without_random_document == 3
+    assert all(i.is_random_next and {i.a_start // 30, i.b_start // 30} == {0, 2} for i in instances)
+    assert len(instances) == 2 and counts.chunks_without_random_document == 1
+    assert counts.random_next_from_same_document == 2
 
 
 def reference_truncation(len_a, len_b, max_num_tokens, rng):
@@ -130,3 +134,38 @@ def test_a_huge_sentence_is_truncated_in_constant_time():
     assert len(instances) == 1
     inst = instances[0]
     assert (inst.a_end - inst.a_start) + (inst.b_end - inst.b_start) == 125
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=200), st.integers(8, 64), st.integers(0, 1000))
+def test_a_lone_document_takes_random_b_far_from_a_in_itself(lengths, max_seq_length, seed):
+    """A bucket of one document: a random B comes from its own text, at least a whole sequence from A."""
+    doc = make_document("only", lengths)
+    counts = InstanceCounts()
+    made = create_instances_from_document([doc], 0, random.Random(seed), InstanceConfig(max_seq_length), counts)
+    min_distance = max_seq_length - 3
+    for inst in made:
+        assert inst.b_doc == inst.a_doc == 0
+        if inst.is_random_next:
+            assert inst.b_end <= inst.a_start - min_distance or inst.b_start >= inst.a_end + min_distance
+    assert counts.random_next_from_same_document == sum(inst.is_random_next for inst in made)
+
+
+def test_a_lone_long_document_keeps_the_reference_random_next_share():
+    rng = np.random.default_rng(0)
+    doc = make_document("book", rng.integers(5, 40, size=4000).tolist())
+    counts = InstanceCounts()
+    made = [inst for copy in range(5) for inst in create_instances_from_document(
+        [doc], 0, random.Random(copy), InstanceConfig(128), counts)]
+    share = np.mean([inst.is_random_next for inst in made])
+    assert 0.45 < share < 0.6
+    assert counts.chunks_without_random_document == 0
+
+
+def test_a_lone_short_document_counts_the_chunks_without_random_b():
+    doc = make_document("short", [10] * 12)   # 120 tokens: no place a sequence (61 tokens) away from any chunk
+    counts = InstanceCounts()
+    made = [inst for seed in range(20) for inst in create_instances_from_document(
+        [doc], 0, random.Random(seed), InstanceConfig(64, short_seq_prob=0), counts)]
+    assert made and not any(inst.is_random_next for inst in made)
+    assert counts.chunks_without_random_document > 0 and counts.random_next_from_same_document == 0
