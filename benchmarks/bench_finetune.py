@@ -2,6 +2,7 @@
 
     python benchmarks/bench_finetune.py                      # the real SST-2 train set (67,349), dev set (872)
     python benchmarks/bench_finetune.py --examples 5000      # a quicker look on the first 5,000 training rows
+    python benchmarks/bench_finetune.py --squad              # SQuAD v1.1 dev inference instead (10,570 questions)
 
 Both sides start from the same weights (BERT-mini at random initialisation, seed 0, written once as a Hugging Face
 directory) and train with the same recipe (AdamW, lr, weight decay 0.01, 10% linear warmup then linear decay,
@@ -12,6 +13,12 @@ gradient clipping 1.0, batch 32, dropout 0.1), one epoch, then are evaluated on 
   sequence padded to max_seq_length 128, shuffled batches), in a plain PyTorch loop (no Trainer overhead counted
   against it).
 Tokenization is timed apart from training on both sides. Install the baseline with `pip install -e ".[test]"`.
+
+--squad measures inference on the real SQuAD v1.1 dev set with BERT-mini (random weights: speed, not scores): our
+features (384 tokens, stride 128, questions cut to 64), then the forward pass of ours (shortest first, padded to each
+batch's longest) and of transformers' BertForQuestionAnswering holding the same weights fed the same features as its
+run_qa example does (padded to 384), then our n-best post-processing and the official EM/F1; per second, and the
+share of post-processing in our total.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "downstream" / "glue" / "SST-2"
+DEFAULT_SQUAD = REPO_ROOT.parent / "shared" / "data" / "downstream" / "squad" / "dev-v1.1.json"
 VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
 
 
@@ -90,7 +98,8 @@ def run_transformers(init: Path, data: Path, examples: int | None, lr: float, ba
                "weight_decay": 0.01},
               {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)],
                "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-6)
+    # run_glue's Trainer default with torch >= 2.8 is "adamw_torch_fused": torch's fused AdamW, as ours uses
+    optimizer = torch.optim.AdamW(groups, lr=lr, eps=1e-6, fused=True)
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, round(0.1 * steps), steps)
     labels = torch.tensor(train_labels)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
@@ -119,6 +128,76 @@ def run_transformers(init: Path, data: Path, examples: int | None, lr: float, ba
             "wall_seconds": tokenize_seconds + train_seconds, "dev_acc": dev_acc}
 
 
+def bench_squad_inference(dev_file: Path, questions: int | None, batch_size: int = 64) -> None:
+    import transformers
+
+    from model import BertConfig, BertForQuestionAnswering
+    from model.hf_conversion import hf_task_config_dict, task_to_hf_state_dict
+    from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader
+    from pipeline.finetuning.tokenizer import load_tokenizer
+    from pipeline.tasks import get_task
+
+    task = get_task("squad_v1")
+    settings = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64, "n_best": 20,
+                "max_answer_length": 30}
+    torch.manual_seed(0)
+    ours = BertForQuestionAnswering(BertConfig.from_preset("mini")).eval()
+    theirs = transformers.BertForQuestionAnswering(transformers.BertConfig(**hf_task_config_dict(ours))).eval()
+    theirs.load_state_dict(task_to_hf_state_dict(ours), strict=False)   # strict=False: HF's position_ids buffer
+
+    with tempfile.TemporaryDirectory() as cache:
+        examples = task.read("dev", str(dev_file), cache_dir=cache)
+        if questions:
+            examples = examples.select(range(min(questions, len(examples))))
+        started = time.perf_counter()
+        features, _ = task.featurize(examples, load_tokenizer(VOCAB, 30522), settings, training=False)
+        feature_seconds = time.perf_counter() - started
+        rows = FeatureRows(features, kind="span")
+
+        outputs: list = [None] * len(rows)
+        started = time.perf_counter()
+        with torch.no_grad():
+            for batch in eval_loader(rows, batch_size, PaddingCollator(pad_id=0)):
+                logits = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).logits
+                for row, n, row_logits in zip(batch["row"].tolist(), batch["attention_mask"].sum(1).tolist(), logits):
+                    outputs[row] = row_logits[:n].numpy()
+        our_forward_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        with torch.no_grad():
+            for start in range(0, len(rows), batch_size):
+                chunk = [rows[i] for i in range(start, min(start + batch_size, len(rows)))]
+                batch = PaddingCollator(pad_id=0, pad_to_multiple_of=384)(chunk)   # every feature padded to 384
+                hf_out = theirs(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                                attention_mask=batch["attention_mask"])
+                if start == 0:   # same weights, same features: the same logits where ours has tokens
+                    n = int(batch["attention_mask"][0].sum())
+                    torch.testing.assert_close(hf_out.start_logits[0, :n], torch.from_numpy(outputs[0][:, 0]),
+                                               atol=1e-4, rtol=1e-4)
+        hf_forward_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        metrics, _ = task.evaluate(examples, features, outputs, settings)
+        post_seconds = time.perf_counter() - started
+
+    total = feature_seconds + our_forward_seconds + post_seconds
+    n_q, n_f = len(examples), len(rows)
+    print(f"\nSQuAD v1.1 dev inference: {n_q:,} questions -> {n_f:,} features (384 tokens, stride 128), BERT-mini, "
+          f"batch {batch_size}, {torch.get_num_threads()} threads\n")
+    print("| step | seconds | features/s | share of our total |")
+    print("|---|---|---|---|")
+    print(f"| features (tokenize, windows, offsets) | {feature_seconds:.1f} | {n_f / feature_seconds:,.0f} | "
+          f"{feature_seconds / total:.1%} |")
+    print(f"| forward, ours (padded to longest) | {our_forward_seconds:.1f} | {n_f / our_forward_seconds:,.0f} | "
+          f"{our_forward_seconds / total:.1%} |")
+    print(f"| forward, transformers (padded to 384) | {hf_forward_seconds:.1f} | {n_f / hf_forward_seconds:,.0f} | "
+          f"- |")
+    print(f"| post-processing (n-best 20, max 30 tokens) + EM/F1 | {post_seconds:.1f} | {n_f / post_seconds:,.0f} | "
+          f"{post_seconds / total:.1%} |")
+    print(f"\nforward speed-up {hf_forward_seconds / our_forward_seconds:.2f}x; end to end ours {n_q / total:,.0f} "
+          f"questions/s; EM {metrics['exact_match']:.2f}, F1 {metrics['f1']:.2f} (random weights)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="SST-2 folder (train.tsv, dev.tsv)")
@@ -126,7 +205,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4, help="peak learning rate, both sides")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-random-order", action="store_true", help="run ours length-grouped only")
+    parser.add_argument("--squad", action="store_true", help="SQuAD v1.1 dev inference instead of SST-2 training")
+    parser.add_argument("--squad-dev", type=Path, default=DEFAULT_SQUAD)
+    parser.add_argument("--questions", type=int, default=None, help="--squad: first N questions (default: all)")
     args = parser.parse_args()
+    if args.squad:
+        torch.set_num_threads(args.threads)
+        os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
+        bench_squad_inference(args.squad_dev, args.questions)
+        return
     if not (args.data / "train.tsv").is_file():
         sys.exit(f"no SST-2 train.tsv in {args.data}: pass --data=<GLUE SST-2 folder>")
     torch.set_num_threads(args.threads)

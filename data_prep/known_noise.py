@@ -1,7 +1,7 @@
 """Silence messages that are known to be harmless, so the user sees the job's own progress and real warnings.
 
-Each entry says why it is harmless here; anything not listed still shows. Installed by the two entry points
-(data_prep/run.py, pipeline/train.py) before the libraries that emit them are imported.
+Each entry says why it is harmless here; anything not listed still shows. Installed by the entry points
+(data_prep/run.py, pipeline/train.py, pipeline/finetune.py) before the libraries that emit them are imported.
 """
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def format_summary(manifest: dict) -> str:
         f"documents read      {totals['documents']:>12,}   from {totals['files']} files",
         f"documents skipped   {sum(manifest['skipped'].values()):>12,}   "
         + (", ".join(f"{k}: {v:,}" for k, v in manifest["skipped"].items()) or "none"),
-        f"repaired            " + (", ".join(f"{k}: {v:,}" for k, v in manifest["repaired"].items()) or "none"),
+        "repaired            " + (", ".join(f"{k}: {v:,}" for k, v in manifest["repaired"].items()) or "none"),
         f"sentences           {totals['sentences']:>12,}",
         f"input tokens        {totals['input_tokens']:>12,}",
         f"instances           {totals['instances']:>12,}   in {len(manifest['shards'])} shards",
@@ -182,7 +182,7 @@ def help_text() -> str:
         "Raw text (Wikipedia dumps, books, sentence files, JSONL/Parquet) -> tokenized, masked sentence-pair shards",
         "and manifest.json, on any Apache Beam runner.",
         "",
-        f"presets (conf/data_prep/):",
+        "presets (conf/data_prep/):",
         *presets,
         "",
         "keys (Hydra overrides of the preset, e.g. inputs='[/data/wiki/, {path: /data/b/*.txt, format: books}]'):",

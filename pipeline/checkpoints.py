@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning_fabric.utilities.cloud_io import get_filesystem
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 PARTIAL_PREFIX, PARTIAL_SUFFIX = ".checkpoint-", ".partial"

@@ -16,6 +16,7 @@ training: the task, the data files, the weights, that the tokenizer fits the wei
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -27,6 +28,10 @@ from typing import Any, Sequence
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
+
+from data_prep.known_noise import silence_known_noise  # noqa: E402
+
+silence_known_noise()   # before Lightning's import prints what is known to be harmless
 
 import hydra  # noqa: E402
 import pytorch_lightning as pl  # noqa: E402
@@ -43,14 +48,14 @@ SAMPLE_DATA = REPO_ROOT / "pipeline" / "finetuning" / "sample_data"
 log = logging.getLogger("pipeline.finetune")
 
 
-def _task_data_dir(env_var: str, subdir: str = "") -> str | None:
-    """${task_data_dir:GLUE_DIR,SST-2}: $GLUE_DIR/SST-2 where GLUE_DIR is set, else the bundled sample of that
-    task if there is one, else null (finetune then says what to pass)."""
+def _task_data_dir(env_var: str, subdir: str = "", sample: str | None = None) -> str | None:
+    """${task_data_dir:GLUE_DIR,SST-2}: $GLUE_DIR/SST-2 where GLUE_DIR is set, else the bundled sample of that task
+    (sample_data/<sample or subdir>) if there is one, else null (finetune then says what to pass)."""
     root = os.environ.get(env_var)
     if root:
         return str(Path(root) / subdir)
-    sample = SAMPLE_DATA / subdir if subdir else None
-    return str(sample) if sample is not None and sample.is_dir() else None
+    bundled = SAMPLE_DATA / (sample or subdir) if (sample or subdir) else None
+    return str(bundled) if bundled is not None and bundled.is_dir() else None
 
 
 for _name, _resolver in (("repo_root", lambda: str(REPO_ROOT)), ("task_data_dir", _task_data_dir)):
@@ -190,8 +195,11 @@ def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], di
     cache_dir = cfg.data.get("cache_dir")
     settings = task_settings(cfg)
     examples, features, report = {}, {}, {}
+    # settings the task's reader takes (CoNLL's IOB scheme) go to it by name
+    reader_parameters = inspect.signature(plan.task.read).parameters
+    read_settings = {key: value for key, value in settings.items() if key in reader_parameters}
     for split, source in plan.sources.items():
-        rows = plan.task.read(split, source, cache_dir=cache_dir)
+        rows = plan.task.read(split, source, cache_dir=cache_dir, **read_settings)
         limit = cfg.data.get(f"limit_{'train' if split == 'train' else 'eval'}_examples")
         if limit and len(rows) > int(limit):
             rows = rows.select(range(int(limit)))
@@ -203,9 +211,12 @@ def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], di
                                         description=f"{plan.task.name} {split}")
             counts = truncation_report(features[split])
         report[split] = {"source": source, **counts}
-        if counts.get("examples_truncated"):
-            log.info("%s %s: %d of %d examples cut to %d tokens (longest first)", plan.task.name, split,
-                     counts["examples_truncated"], counts["examples"], plan.max_seq_length)
+        # what was cut, skipped or repaired (truncated sequences, SQuAD's misaligned answers, NER's cut words)
+        noteworthy = {key: value for key, value in counts.items()
+                      if key not in ("examples", "features", "document_context") and value}
+        if noteworthy:
+            log.info("%s %s (%d examples): %s", plan.task.name, split, counts.get("examples", len(rows)),
+                     ", ".join(f"{key} {value:,}" for key, value in noteworthy.items()))
     return examples, features, report
 
 

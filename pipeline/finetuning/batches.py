@@ -29,10 +29,12 @@ class FeatureRows(torch.utils.data.Dataset):
 
     def __init__(self, features: datasets.Dataset, kind: str):
         """kind: the task's (classification, regression, multiple_choice, span, token)."""
-        self.input_ids = features["input_ids"]
-        self.token_type_ids = features["token_type_ids"]
-        self.lengths = np.asarray(features["length"], dtype=np.int64)
-        labels = features["label"] if "label" in features.column_names else [-1] * len(self.lengths)
+        # [:] materialises the columns: datasets 5 returns lazy Column objects, whose per-row indexing in the
+        # training loop would cost more than the model's forward pass on short sentences.
+        self.input_ids = features["input_ids"][:]
+        self.token_type_ids = features["token_type_ids"][:]
+        self.lengths = np.asarray(features["length"][:], dtype=np.int64)
+        labels = features["label"][:] if "label" in features.column_names else [-1] * len(self.lengths)
         # Token labels stay one list per row (their lengths differ); everything else is one array.
         self.labels = labels if kind == "token" else np.asarray(
             labels, dtype=np.float32 if kind == "regression" else np.int64)

@@ -106,6 +106,6 @@ def featurize(rows: datasets.Dataset, kind: str, tokenizer: LoadedTokenizer, max
 
 def truncation_report(features: datasets.Dataset) -> dict[str, Any]:
     """How many examples were cut to fit, and how many tokens that took off."""
-    cut = features["tokens_cut"]
+    cut = features["tokens_cut"][:]
     return {"examples": len(cut), "examples_truncated": sum(1 for c in cut if c > 0),
             "tokens_cut": int(sum(cut))}

@@ -37,7 +37,7 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
         if evaluation.predictions is None:
             continue
         path = write_predictions(output_dir / PREDICTIONS_DIR / f"{split}.tsv", task,
-                                 np.asarray(split_rows[split]["idx"])[evaluation.rows], evaluation.predictions,
+                                 np.asarray(split_rows[split]["idx"][:])[evaluation.rows], evaluation.predictions,
                                  evaluation.labels)
         files[f"predictions/{split}"] = str(path)
     if test_predictions:
@@ -46,7 +46,7 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
         for split, (rows, predictions) in test_predictions.items():
             if task.submission_file(split) is None:   # SWAG's test set: no leaderboard file format here
                 continue
-            path = write_submission(task, split, np.asarray(split_rows[split]["idx"])[rows], predictions,
+            path = write_submission(task, split, np.asarray(split_rows[split]["idx"][:])[rows], predictions,
                                     output_dir / SUBMISSION_DIR)
             files[f"submission/{split}"] = str(path)
     if export_hf:

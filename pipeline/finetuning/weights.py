@@ -16,14 +16,19 @@ from pipeline.finetuning.pretrained import Pretrained
 def load_into_task_model(model: torch.nn.Module, pretrained: Pretrained) -> str:
     """Load what fits; returns what was loaded, for logs and metrics.json."""
     encoder_state = dict(pretrained.encoder_state)
-    missing, unexpected = model.bert.load_state_dict(encoder_state, strict=False)
+    if model.bert.pooler is None:   # span and token heads read every token, not the pooled [CLS]: no pooler
+        encoder_state = {k: v for k, v in encoder_state.items() if not k.startswith("pooler.")}
+    try:
+        missing, unexpected = model.bert.load_state_dict(encoder_state, strict=False)
+    except RuntimeError as error:   # a tensor of another shape: another model size
+        raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: {error}") from None
     pooler_missing = sorted(k for k in missing if k.startswith("pooler."))
     missing = [k for k in missing if not k.startswith("pooler.")]
     if missing or unexpected:
         raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: missing "
                          f"{missing[:5]}, unexpected {unexpected[:5]}")
     parts = ["encoder"]
-    if pooler_missing:
+    if pooler_missing and model.bert.pooler is not None:
         parts.append("pooler left at random initialisation (not in the checkpoint)")
 
     head = {name: param for name, param in model.state_dict().items() if not name.startswith("bert.")}

@@ -1,4 +1,6 @@
-"""Fine-tuning tasks (GLUE's nine and SWAG): reading their data, scoring predictions, writing leaderboard files.
+"""Fine-tuning tasks (GLUE's nine, SWAG, SQuAD v1.1, CoNLL-2003): reading their data, scoring predictions, writing
+leaderboard and prediction files. GLUE and SWAG are declared in registry.py; SQuAD and CoNLL, which bring their
+own features and evaluation, are packages (squad/, conll/).
 
     from pipeline.tasks import get_task
     task = get_task("mnli")

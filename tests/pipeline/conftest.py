@@ -131,6 +131,12 @@ def wandb_history(path: Path) -> list[dict[str, float | str]]:
     return rows
 
 
+@pytest.fixture(scope="session")
+def torch_extensions_dir(tmp_path_factory) -> str:
+    """DeepSpeed JIT-builds its CPU comm op (~45 s or more) once per session, into this directory."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(tmp_path_factory.mktemp("torch_extensions"))
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Data tests: one thread (2 cores shared with other work; the training runs above allow 2)."""

@@ -52,6 +52,28 @@ def test_run_dir_ckpt_and_hf_export_give_the_same_encoder_and_tokenizer(pretrain
         assert pretrained.has_pooler
 
 
+@pytest.mark.slow
+def test_a_deepspeed_checkpoint_directory_gives_the_consolidated_weights(small_shards, tmp_path, tiny_overrides,
+                                                                        training_process, torch_extensions_dir,
+                                                                        monkeypatch):
+    """A ZeRO-2 run on the CPU (DeepSpeed over gloo) leaves checkpoints/last.ckpt as a DeepSpeed directory."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", torch_extensions_dir)
+    out = tmp_path / "run"
+    proc = training_process(tiny_overrides(small_shards, out, 3, "strategy=deepspeed_stage_2"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    checkpoint = out / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_dir()
+    pretrained = load_pretrained(checkpoint)
+    consolidated = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint))
+    assert_same_tensors(pretrained.encoder_state, encoder_of(consolidated))
+    assert pretrained.config == BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=512)
+    assert pretrained.tokenizer_source == out / "hf_export"
+
+
 def test_a_bert_model_checkpoint_without_prefix_or_pooler_loads_with_a_random_pooler(tmp_path):
     transformers = pytest.importorskip("transformers")
     from model.hf_conversion import hf_config_from

@@ -144,10 +144,14 @@ def test_mistakes_stop_before_training(tiny_bert_dir, tmp_path, monkeypatch, ove
         finetune(compose_config(overrides))
 
 
-def test_every_task_config_composes():
+def test_every_task_config_composes_and_names_a_task():
+    from pipeline.tasks import get_task
+
     for path in sorted((REPO_ROOT / "conf" / "task").glob("*.yaml")):
         cfg = compose_config([f"task={path.stem}", "output_dir=/tmp/x"])
-        assert cfg.task.name == path.stem
+        assert get_task(cfg.task.name).name == cfg.task.name, path.name
+    large = compose_config(["task=squad_v1_bert_large", "output_dir=/tmp/x"])
+    assert (large.optimizer.lr, large.trainer.max_epochs, large.data.max_seq_length) == (3e-5, 2, 384)
 
 
 def test_mnli_evaluates_matched_and_mismatched_and_writes_m_mm_and_ax(tiny_bert_dir, tmp_path):
@@ -200,3 +204,46 @@ def test_wandb_offline_run_logs_dev_metrics_in_the_run_directory(tiny_bert_dir, 
     assert len(runs) == 1
     history = read_wandb_history(runs[0])
     assert any("dev/acc" in row for row in history) and any("train/loss" in row for row in history)
+
+
+def test_ner_overfits_through_the_whole_path_and_writes_conll_predictions(tiny_bert_dir, tmp_path):
+    """The hand-written CoNLL-2003 fixture (IOB1: I- tags that start entities, adjacent same-type entities): trained
+    and scored on the same sentences, entity F1 reaches 1 only if first-sub-token alignment and IOB handling are
+    right."""
+    conll = Path(__file__).parent / "fixtures" / "conll2003" / "eng.train"
+    overrides = ["task=conll2003", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}", f"data.train={conll}",
+                 f"data.dev={conll}", f"data.test={conll}", f"data.cache_dir={tmp_path / 'cache'}",
+                 "data.batch_size=8", "trainer.max_epochs=60", "trainer.enable_progress_bar=false",
+                 "optimizer.lr=2e-3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
+    result = finetune(compose_config(overrides))
+    assert result["metrics"]["dev"]["f1"] == 1.0, result["metrics"]
+    written = (tmp_path / "run" / "predictions" / "dev" / "predictions.conll").read_text().splitlines()
+    gold_tokens = [line.split()[0] for line in conll.read_text().splitlines() if line.strip()]
+    assert [line.split()[0] for line in written if line.strip()] == gold_tokens
+    assert all(line.split()[1] == line.split()[2] for line in written if line.strip())
+    transformers = pytest.importorskip("transformers")
+    exported = transformers.AutoModelForTokenClassification.from_pretrained(tmp_path / "run" / "hf_export")
+    assert exported.config.id2label[1] == "B-PER"
+
+
+@pytest.mark.slow
+def test_squad_overfits_a_slice_of_the_real_dev_set_and_writes_the_reference_files(tiny_bert_dir, tmp_path,
+                                                                                   shared_data):
+    """A few hundred real questions, trained and evaluated on the same ones: a wrong offset or an off-by-one span
+    shows up as a low exact match here and nowhere else."""
+    dev = shared_data / "downstream" / "squad" / "dev-v1.1.json"
+    overrides = ["task=squad_v1", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}", f"data.train={dev}",
+                 f"data.dev={dev}", f"data.cache_dir={tmp_path / 'cache'}", "data.limit_train_examples=200",
+                 "data.limit_eval_examples=200", "data.max_seq_length=128", "task.max_query_length=32",
+                 "task.doc_stride=64", "data.batch_size=16", "trainer.max_epochs=60",
+                 "trainer.enable_progress_bar=false", "optimizer.lr=1e-3", "model.hidden_dropout=0.0",
+                 "model.attention_dropout=0.0", "data.group_by_length=true"]
+    result = finetune(compose_config(overrides))
+    assert result["metrics"]["dev"]["exact_match"] >= 90 and result["metrics"]["dev"]["f1"] >= 93, result["metrics"]
+    predictions = json.loads((tmp_path / "run" / "predictions" / "dev" / "predictions.json").read_text())
+    nbest = json.loads((tmp_path / "run" / "predictions" / "dev" / "nbest_predictions.json").read_text())
+    assert len(predictions) == 200 and set(nbest) == set(predictions)
+    first = next(iter(nbest.values()))
+    assert set(first[0]) == {"text", "probability", "start_logit", "end_logit"} and len(first) <= 20
+    report = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
+    assert report["train"]["examples"] == 200 and report["train"]["features"] >= 200

@@ -382,12 +382,6 @@ RUN_SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="session")
-def torch_extensions_dir(tmp_path_factory) -> str:
-    """DeepSpeed JIT-builds its CPU comm op (~45 s or more) once per session, into this directory."""
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(tmp_path_factory.mktemp("torch_extensions"))
-
-
 def run_two_processes(tmp_path: Path, strategy_name: str, torch_extensions_dir: str, timeout_s: int
                       ) -> tuple[list[dict], Path]:
     script = tmp_path / "run.py"

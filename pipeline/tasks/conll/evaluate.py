@@ -15,7 +15,7 @@ from typing import Sequence
 import datasets
 import numpy as np
 
-from pipeline.tasks.conll.features import CUT
+from pipeline.tasks.conll.features import CUT, column
 from pipeline.tasks.conll.metrics import entity_metrics
 from pipeline.tasks.conll.reader import DOCSTART
 
@@ -30,11 +30,11 @@ def predict_tags(sentences: datasets.Dataset, features: datasets.Dataset, output
     tokens; padding beyond is ignored). Sentences and features are matched by ``idx``."""
     if len(outputs) != len(features):
         raise ValueError(f"{len(outputs)} outputs for {len(features)} feature rows")
-    row_of = {int(idx): row for row, idx in enumerate(features["idx"])}
-    word_starts = features["word_starts"]
+    row_of = {int(idx): row for row, idx in enumerate(column(features, "idx"))}
+    word_starts = column(features, "word_starts")
     names = np.asarray(list(label_list), dtype=object)
     predictions, cut = [], 0
-    for idx, words in zip(sentences["idx"], sentences["words"]):
+    for idx, words in zip(column(sentences, "idx"), column(sentences, "words")):
         row = row_of.get(int(idx))
         if row is None:
             raise ValueError(f"sentence {idx} has no feature row")
@@ -78,8 +78,8 @@ def evaluate(sentences: datasets.Dataset, features: datasets.Dataset, outputs: S
     """(metrics, {"predictions.conll": text}): :func:`entity_metrics` of the predicted against the gold tags, plus
     ``words_cut`` (words predicted O because max_seq_length cut them, as a float like every logged metric)."""
     pred, cut = predict_tags(sentences, features, outputs, label_list)
-    gold = sentences["labels"]
+    gold = column(sentences, "labels")
     metrics = entity_metrics(gold, pred, entity_types)
     metrics["words_cut"] = float(cut)
-    text = conll_text(sentences["words"], gold, pred, sentences["doc_index"])
+    text = conll_text(column(sentences, "words"), gold, pred, column(sentences, "doc_index"))
     return metrics, {PREDICTIONS_FILE: text}

@@ -13,7 +13,8 @@ A sentence longer than ``max_seq_length - 2`` pieces is cut at the end; a word w
 ``document_context=True`` (the paper's "maximal document context"): the sentence's room left in the sequence is
 filled with the pieces of the neighbouring sentences of its document (the end of the preceding ones, the start of the
 following ones), unlabelled, so the sentence sits in the middle: half the room each side, the other side taking what
-one side cannot use. Context is cut at piece level; no separator is put between sentences; all segment ids are 0.
+one side cannot use; then each side is trimmed to whole words (a context never starts or ends inside a word), so it
+may fall short of the room by part of a word. No separator is put between sentences; all segment ids are 0.
 Neighbours are the rows of the dataset given (in its order, same ``doc_index``).
 """
 from __future__ import annotations
@@ -66,11 +67,16 @@ def ner_features(sentences: datasets.Dataset, tokenizer, label_list, max_seq_len
 def ner_report(features: datasets.Dataset, document_context: bool = False) -> dict[str, Any]:
     """Counts for the run's report: sentences (``examples``), ``words``, ``words_cut`` (first piece past
     max_seq_length: predicted O) and ``examples_truncated`` (sentences with a word cut)."""
-    starts = features["word_starts"]
+    starts = column(features, "word_starts")
     cut = [sum(1 for s in row if s < 0) for row in starts]
     return {"examples": len(starts), "features": len(starts), "words": sum(map(len, starts)),
             "words_cut": sum(cut), "examples_truncated": sum(1 for c in cut if c), "document_context":
             bool(document_context)}
+
+
+def column(data: datasets.Dataset, name: str) -> list:
+    """A column as a list, read at once (iterating datasets' lazy Column reads it row by row, ten times slower)."""
+    return data[name][:]
 
 
 def word_pieces(tokenizer, sentences: list[list[str]], unk_id: int) -> list[list[list[int]]]:
@@ -110,10 +116,11 @@ def _featurize(batch: dict[str, list], tokenizer, cls_id: int, sep_id: int, unk_
         right: list[int] = []
         room = budget - len(body)
         if document_context and room > 0:
-            before = _neighbours(flat, docs, s, -1, room)
-            after = _neighbours(flat, docs, s, 1, room)
-            take_left, take_right = context_sizes(room, len(before), len(after))
-            left, right = before[len(before) - take_left:], after[:take_right]
+            before = _neighbours(pieces, docs, s, -1, room)
+            after = _neighbours(pieces, docs, s, 1, room)
+            take_left, take_right = context_sizes(room, sum(map(len, before)), sum(map(len, after)))
+            left = [t for word in _whole_words(before[::-1], take_left)[::-1] for t in word]
+            right = [t for word in _whole_words(after, take_right) for t in word]
         offset = 1 + len(left)
         input_ids = [cls_id, *left, *body, *right, sep_id]
         word_starts = [offset + start if start < budget else CUT for start in starts]
@@ -132,14 +139,25 @@ def _featurize(batch: dict[str, list], tokenizer, cls_id: int, sep_id: int, unk_
     return out
 
 
-def _neighbours(flat: list[list[int]], docs: list[int], s: int, step: int, need: int) -> list[int]:
-    """The pieces of the sentences before (step -1) or after (step 1) sentence s in its document, in text order,
-    at least ``need`` of them where the document has that many."""
-    chunks, count, t = [], 0, s + step
-    while 0 <= t < len(flat) and docs[t] == docs[s] and count < need:
-        chunks.append(flat[t])
-        count += len(flat[t])
+def _neighbours(pieces: list[list[list[int]]], docs: list[int], s: int, step: int, need: int) -> list[list[int]]:
+    """The words (as pieces) of the sentences before (step -1) or after (step 1) sentence s in its document, in text
+    order, at least ``need`` pieces of them where the document has that many."""
+    sentences, count, t = [], 0, s + step
+    while 0 <= t < len(pieces) and docs[t] == docs[s] and count < need:
+        sentences.append(pieces[t])
+        count += sum(map(len, pieces[t]))
         t += step
     if step < 0:
-        chunks.reverse()
-    return [token for chunk in chunks for token in chunk]
+        sentences.reverse()
+    return [word for sentence in sentences for word in sentence]
+
+
+def _whole_words(words: list[list[int]], most: int) -> list[list[int]]:
+    """The first of ``words`` that fit in ``most`` pieces together."""
+    out, count = [], 0
+    for word in words:
+        if count + len(word) > most:
+            break
+        out.append(word)
+        count += len(word)
+    return out

@@ -179,7 +179,8 @@ def _settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> tu
         raise ValueError(f"doc_stride ({doc_stride}) and max_query_length ({max_query_length}) must be positive")
     if max_seq_length - max_query_length - 3 < 1:
         raise ValueError(f"max_seq_length={max_seq_length} leaves no room for the context after a question of "
-                         f"max_query_length={max_query_length} tokens and [CLS]/[SEP]/[SEP]")
+                         f"max_query_length={max_query_length} tokens and [CLS]/[SEP]/[SEP]: set max_query_length "
+                         f"to at most {max_seq_length - 4}")
     return max_seq_length, doc_stride, max_query_length
 
 
@@ -190,9 +191,9 @@ def squad_features(examples: datasets.Dataset, tokenizer: "LoadedTokenizer", max
 
     Feature columns: input_ids, token_type_ids, length, label ([start, end]), example_index (row of `examples`),
     offsets (per token [char_start, char_end] in the context, [-1, -1] outside it), max_context (per token bool).
-    Report: examples, features, questions_truncated, answers_misaligned, answers_without_tokens,
-    examples_without_answer, examples_skipped (training: the three before; evaluation: none), and
-    examples_without_features (an empty context).
+    Report: examples, features, questions_truncated, answers_misaligned, answers_without_tokens and
+    examples_without_answer (these four over the questions whose context has tokens), examples_without_features
+    (an empty context), examples_skipped (training: all of the last four; evaluation: 0).
     """
     max_seq_length, doc_stride, max_query_length = _settings(max_seq_length, doc_stride, max_query_length)
     key = (f"{examples._fingerprint}|{tokenizer.fingerprint}|{max_seq_length}|{doc_stride}|{max_query_length}|"

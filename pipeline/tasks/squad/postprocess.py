@@ -4,9 +4,10 @@ run_squad.py write_predictions does, vectorised with numpy.
 Per feature, the `n_best` highest start logits among tokens that may start an answer (context tokens with
 max_context) and the `n_best` highest end logits among context tokens; every pair with end >= start and at most
 `max_answer_length` tokens is a candidate scored start_logit + end_logit. A question's candidates from all its
-features, best first (ties in feature, start-rank, end-rank order, as the reference's stable sort), give the
-n-best list: the first `n_best` distinct texts ``context[offsets[start][0]:offsets[end][1]]``, with probabilities
-from a softmax over their scores. The prediction is the first of them.
+features, best first, give the n-best list: the first `n_best` distinct texts
+``context[offsets[start][0]:offsets[end][1]]``, with probabilities from a softmax over their scores. The prediction
+is the first of them. Ties are broken as the reference's stable sorts break them: equal logits by position, equal
+scores by feature, start rank, end rank.
 
 One deliberate difference: the reference takes the top n_best over all positions and then drops the invalid ones,
 so question or padding tokens with high logits can crowd out valid candidates; here invalid positions are masked
@@ -27,7 +28,7 @@ def _token_table(features: datasets.Dataset) -> dict[str, np.ndarray]:
     """The columns post-processing needs, flat over all tokens, in the features' logical order."""
     table: pa.Table = features.select_columns(["example_index", "offsets", "max_context"]).with_format("arrow")[:]
     offsets = table.column("offsets").combine_chunks()
-    counts = pa.compute.list_value_length(offsets).to_numpy(zero_copy_only=False).astype(np.int64)
+    counts = offsets.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
     flat = offsets.flatten().flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(-1, 2)
     max_context = table.column("max_context").combine_chunks().flatten().to_numpy(zero_copy_only=False)
     return {"example_index": table.column("example_index").to_numpy().astype(np.int64), "counts": counts,
@@ -90,6 +91,14 @@ def postprocess(examples: datasets.Dataset, features: datasets.Dataset, start_lo
         def top(matrix):   # (F, k) positions, by logit descending, lower position first on ties
             chosen = np.argpartition(-matrix, k - 1, axis=1)[:, :k]
             values = np.take_along_axis(matrix, chosen, axis=1)
+            # where the k-th value is tied with positions left out, argpartition chose among them arbitrarily: those
+            # rows are sorted stably, so the lowest positions are kept as the reference's stable sort keeps them
+            kth = values.min(axis=1, keepdims=True)
+            tied = np.flatnonzero(np.isfinite(kth[:, 0])
+                                  & ((matrix == kth).sum(axis=1) > (values == kth).sum(axis=1)))
+            if len(tied):
+                chosen[tied] = np.argsort(-matrix[tied], axis=1, kind="stable")[:, :k]
+                values = np.take_along_axis(matrix, chosen, axis=1)
             order = np.lexsort((chosen, -values), axis=1)
             chosen = np.take_along_axis(chosen, order, axis=1)
             return chosen, np.take_along_axis(matrix, chosen, axis=1)
