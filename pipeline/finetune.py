@@ -80,6 +80,7 @@ class _Plan:
         from pipeline.finetuning.pretrained import load_pretrained
         from pipeline.finetuning.tokenizer import load_tokenizer
         from pipeline.tasks import get_task
+        from pipeline.train import devices_per_node
 
         self.output_dir = _output_dir(cfg)
         self.task = get_task(str(cfg.task.name))
@@ -89,8 +90,7 @@ class _Plan:
                              "bert-base-uncased)")
         self.sources = _split_sources(cfg, self.task)
         self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-        self.world_size = int(self.trainer_cfg.get("devices", 1) if str(self.trainer_cfg.get("devices", 1)).isdigit()
-                              else 1) * int(self.trainer_cfg.get("num_nodes", 1))
+        self.world_size = devices_per_node(self.trainer_cfg) * int(self.trainer_cfg.get("num_nodes", 1))
         self.batch_size = int(cfg.data.batch_size)
         if self.batch_size < 1 or self.batch_size % self.world_size:
             raise ValueError(f"data.batch_size={self.batch_size} must be a positive multiple of devices x nodes = "
