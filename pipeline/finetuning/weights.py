@@ -37,6 +37,6 @@ def load_into_task_model(model: torch.nn.Module, pretrained: Pretrained) -> str:
     if head and fits:
         model.load_state_dict({name: pretrained.head_state[name] for name in head}, strict=False)
         parts.append(f"task head ({', '.join(sorted(head))})")
-    else:
+    elif head:   # an encoder without a head (feature extraction) has none to start fresh
         parts.append("new task head")
     return "; ".join(parts)
