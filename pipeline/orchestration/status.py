@@ -83,8 +83,8 @@ def stage_status(workflow: Workflow, plan: StagePlan, queue: dict[str, tuple[str
                                f"job {job} (squeue is not available here to check it)", job, log)
     if state == markers.SUBMITTED:
         if failed_upstream:
-            return StageStatus(plan.name, "cancelled", f"not run: stage {', '.join(failed_upstream)} failed "
-                               f"(job {job} was cancelled by SLURM)", job, log)
+            return StageStatus(plan.name, "cancelled", f"not run: stage {', '.join(failed_upstream)} did not "
+                               f"finish (job {job} was cancelled by SLURM)", job, log)
         return StageStatus(plan.name, "failed", f"job {job} left the queue before the stage started (cancelled?); "
                            f"log: {log}", job, log)
     if state == markers.RUNNING:
