@@ -116,3 +116,15 @@ def test_an_interrupted_pretraining_resumes_from_its_checkpoint_only_for_the_sam
                        check_configs=False)["pretrain_phase1"]
     assert prepare_training_dir(other, inputs, print) == []                  # another config: starts afresh
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "hpc_ckpt_1.ckpt").exists()
+
+
+def test_wandb_links_come_from_the_log_or_the_offline_run(tmp_path):
+    from pipeline.orchestration.wandb_links import wandb_links
+
+    log = tmp_path / "stage.log"
+    log.write_text("wandb: View run bert_base_phase1 at: https://wandb.ai/team/bert-pretraining/runs/ab12cd34\n")
+    assert wandb_links(tmp_path / "run", log) == ["https://wandb.ai/team/bert-pretraining/runs/ab12cd34"]
+    (tmp_path / "run" / "wandb" / "offline-run-20261122_101010-xyz").mkdir(parents=True)
+    links = wandb_links(tmp_path / "run", None)
+    assert len(links) == 1 and links[0].startswith("offline: ") and "wandb sync" in links[0]
+    assert wandb_links(tmp_path / "nothing", None) == []
