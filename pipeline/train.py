@@ -55,8 +55,9 @@ log = logging.getLogger("pipeline.train")
 
 if not OmegaConf.has_resolver("repo_root"):
     OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
-# conf/ also holds data_prep's presets (conf/data_prep/), which Hydra would list among training's groups.
-NOT_TRAINING_GROUPS = ("data_prep", "hydra")
+# conf/ also holds data_prep's presets (conf/data_prep/) and the workflows (conf/workflow/), which Hydra would list
+# among training's groups.
+NOT_TRAINING_GROUPS = ("data_prep", "hydra", "workflow")
 
 
 def training_config_groups() -> str:
