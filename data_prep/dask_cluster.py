@@ -134,7 +134,9 @@ def started_cluster(settings: DaskSettings) -> Iterator[str | None]:
         yield None
     elif settings.cluster == "local":
         from distributed import LocalCluster
-        # One thread per worker process: the tokenizer and the instance builder are CPU-bound Python.
+        # One thread per worker process: the tokenizer and the instance builder are CPU-bound Python. And worker
+        # processes, never in-process workers: the DaskRunner's ParDo keeps its output list in an object of the
+        # task graph, which tasks running in the client's own process share, so outputs repeat across bundles.
         with LocalCluster(n_workers=settings.workers, threads_per_worker=1, processes=True,
                           dashboard_address=None) as cluster:
             log.info("Dask LocalCluster of %d worker processes at %s", settings.workers, cluster.scheduler_address)
