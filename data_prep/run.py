@@ -125,7 +125,8 @@ def execute_on_cluster(plan: JobPlan, tokens: list[str], dask: DaskSettings, bea
     """`execute` on the Dask cluster that dask.cluster asks for (started here, closed afterwards), or with the
     Beam options as given when dask.cluster=none."""
     with started_cluster(dask) as scheduler_address:
-        options = pipeline_options(dask_runner_args(beam_args, scheduler_address, len(plan.files)))
+        workers = dask.workers if scheduler_address is not None else None
+        options = pipeline_options(dask_runner_args(beam_args, scheduler_address, len(plan.files), workers))
         return execute(plan, tokens, options, started)
 
 
