@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -137,13 +138,19 @@ def started_cluster(settings: DaskSettings) -> Iterator[str | None]:
     """The scheduler address of the cluster that dask.cluster asks for, closed on the way out; None for none."""
     if settings.cluster == "none":
         yield None
-    elif settings.cluster == "local":
+        return
+    import distributed  # noqa: F401  (sets its logger's level on import)
+    # Scheduler (here) and worker processes log every start, connection and stop at INFO; the job's summary is
+    # what matters. Warnings and errors still show.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    if settings.cluster == "local":
         from distributed import LocalCluster
         # One thread per worker process: the tokenizer and the instance builder are CPU-bound Python. And worker
         # processes, never in-process workers: the DaskRunner's ParDo keeps its output list in an object of the
         # task graph, which tasks running in the client's own process share, so outputs repeat across bundles.
         with LocalCluster(n_workers=settings.workers, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster:
+                          dashboard_address=":0") as cluster:   # any free port: the machine may run others
             log.info("Dask LocalCluster of %d worker processes at %s", settings.workers, cluster.scheduler_address)
             yield cluster.scheduler_address
     else:
