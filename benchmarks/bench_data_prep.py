@@ -4,6 +4,11 @@ scaling over workers.
     pip install -e ".[bench]"        # the reference: bert-tensorflow (google-research/bert) on tensorflow-cpu
     python benchmarks/bench_data_prep.py [--books ../shared/data/corpora/books] [--skip-scaling] [--scaling-copies 16]
         [--reference-python PYTHON]   # an interpreter that has the bench extra, if this one does not
+    python benchmarks/bench_data_prep.py --dask-vs-direct [--scaling-copies 16]   # needs the dask extra
+
+--dask-vs-direct runs only this: the 16x corpus on Beam's DaskRunner (a LocalCluster of 2 worker processes,
+started and stopped by the job: dask.cluster=local dask.workers=2) against the multi-processing DirectRunner with
+2 workers; wall time of each (cluster start-up included) and whether the shards are byte-identical.
 
 Input: the six Gutenberg books, read from raw text by us, so sentence splitting and tokenization are included.
 The baseline is google-research/bert's create_pretraining_data.py (bert-tensorflow 1.0.4, its TF1 names taken
@@ -42,6 +47,8 @@ def measure(argv: list[str]) -> None:
         "wall_s": wall,
         "instances": manifest["totals"]["instances"],
         "tokens": manifest["totals"]["tokens"],
+        "totals": manifest["totals"],
+        "shard_sha256": [shard["parquet"]["sha256"] for shard in manifest["shards"]],
         "statistics": manifest["statistics"],
         "peak_rss_mb_self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_rss_mb_largest_child": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
@@ -129,6 +136,22 @@ def run_job(corpus: Path, out: Path, shards: int, beam_args: list[str]) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def compare_dask_with_direct(books: Path, copies: int) -> None:
+    """The same job on the DaskRunner (LocalCluster, 2 workers) and on the DirectRunner (2 worker processes)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        corpus = replicate(books, root, copies)
+        direct = run_job(corpus, root / "out_direct", copies, [
+            "--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+        dask = run_job(corpus, root / "out_dask", copies, ["dask.cluster=local", "dask.workers=2"])
+    print(f"== Dask vs DirectRunner: {copies}x the six books, 2 workers each, start-up included")
+    for name, r in (("DirectRunner, multi_processing, 2 workers", direct), ("DaskRunner, LocalCluster of 2", dask)):
+        print(f"{name}: {r['wall_s']:.1f} s, {r['instances']:,} instances, {r['tokens'] / r['wall_s']:,.0f} tokens/s")
+    same_shards = direct["shard_sha256"] == dask["shard_sha256"]
+    print(f"Dask / Direct wall time: {dask['wall_s'] / direct['wall_s']:.2f}x; shards byte-identical: {same_shards} "
+          f"({len(dask['shard_sha256'])} shards); manifest totals equal: {direct['totals'] == dask['totals']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--books", type=Path, default=REPO_ROOT.parent / "shared" / "data" / "corpora" / "books")
@@ -137,6 +160,9 @@ def main() -> None:
                         help="corpus copies for the 1 vs 2 worker run: large enough that start-up does not dominate")
     parser.add_argument("--reference-python", default=sys.executable,
                         help="interpreter with the bench extra (tensorflow-cpu, bert-tensorflow) for the reference")
+    parser.add_argument("--dask-vs-direct", action="store_true",
+                        help="only compare the DaskRunner (LocalCluster, 2 workers) with the DirectRunner (2 workers) "
+                             "on --scaling-copies copies of the books")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-reference", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -145,6 +171,9 @@ def main() -> None:
         return
     if args.measure_reference:
         measure_reference(json.loads(args.measure_reference))
+        return
+    if args.dask_vs_direct:
+        compare_dask_with_direct(args.books, args.scaling_copies)
         return
 
     with_reference = reference_available(args.reference_python)

@@ -1,9 +1,19 @@
 """The Beam graph: files -> documents -> token ids -> buckets -> shards -> manifest.
 
-    ListInputs -> SpreadFiles -> ReadAndTokenize --(shard, doc)--> GroupIntoShards -> WriteShards -> WriteManifest
-                                       `--(counter, n)--> SumCounts ----------------------------------^
+    ListInputs -> SpreadFiles -> ReadAndTokenize -> KeepDocuments -> GroupIntoShards -> WriteShards --.
+                                       `-----------> KeepCounts -------------------------------------------+
+    WriteManifest <- CollectManifestParts <- JoinManifestParts <-------------------------------------------'
 
 Each input file is one unit of parallel work; each shard (a random bucket of documents) is another.
+
+The graph uses no multi-output ParDo and no side input, on purpose: Beam's Dask runner (2.77) handles neither.
+Its DaskBagVisitor keys the Dask bags by producing transform, so every output PCollection of a ParDo is the same
+bag, and apply_dofn_to_bundle unwraps TaggedOutput values and drops their tag: every consumer of any output gets
+the elements of all outputs (the (name, count) pairs reached GroupIntoShards and WriteShards failed in
+decode_document). And it evaluates a side input by computing the side input's bag inside the consuming task, which
+re-runs the whole upstream graph (ToList's default-injecting side input and AsDict(counts) re-read every file). So
+ReadAndTokenize emits one stream of (kind, payload) elements, split by two filters, and the manifest's two inputs
+meet through Flatten and one global combine without defaults. Every runner runs this graph the same way.
 """
 from __future__ import annotations
 
@@ -24,7 +34,10 @@ from data_prep.shard_files import decode_document, encode_document, shard_settin
 from data_prep.tokenization import WordPieceEncoder, tokenize_document
 
 log = logging.getLogger(__name__)
-COUNTS = "counts"
+# What an element of ReadAndTokenize's output or of the manifest's input is: (kind, payload).
+DOCUMENT = "document"   # (shard index, encoded document)
+COUNT = "count"         # (counter name, value) for one input file
+SHARD = "shard"         # a written shard's manifest entry
 _REPAIRS = {repair.value for repair in Repair}
 
 
@@ -33,7 +46,8 @@ def counter_name(skip: Skip) -> str:
 
 
 class ReadAndTokenize(beam.DoFn):
-    """One input file -> (shard index, encoded tokenized document) pairs, and counts of what happened."""
+    """One input file -> (DOCUMENT, (shard index, encoded tokenized document)) elements, then
+    (COUNT, (name, value)) elements saying what happened in the file."""
 
     def __init__(self, plan: JobPlan):
         self.plan = plan
@@ -61,10 +75,10 @@ class ReadAndTokenize(beam.DoFn):
             counts["sentences"] += len(document.sentence_ends)
             counts["input_tokens"] += len(document.token_ids)
             shard = stable_seed(self.plan.config.seed, "shard", document.key) % self.plan.num_shards
-            yield shard, encode_document(document, self.token_dtype)
+            yield DOCUMENT, (shard, encode_document(document, self.token_dtype))
         for name, value in counts.items():
             Metrics.counter("data_prep", name).inc(value)
-            yield beam.pvalue.TaggedOutput(COUNTS, (name, value))
+            yield COUNT, (name, value)
         skipped = sum(v for k, v in counts.items() if k.startswith("skipped/"))
         log.info("read %s: %d documents, %d skipped, %d tokens in %.1f s", input_file.source_name,
                  counts["documents"], skipped, counts["input_tokens"], time.perf_counter() - started)
@@ -86,7 +100,27 @@ class WriteShards(beam.DoFn):
         Metrics.counter("data_prep", "shards").inc()
         log.info("wrote shard %d/%d: %d documents, %d instances in %.1f s", index + 1, self.plan.num_shards,
                  summary["documents"], summary["rows"], time.perf_counter() - started)
-        yield summary
+        yield SHARD, summary
+
+
+def payloads_of_kind(element: tuple[str, object], kind: str):
+    if element[0] == kind:
+        yield element[1]
+
+
+def is_count(element: tuple[str, object]) -> bool:
+    return element[0] == COUNT
+
+
+def write_manifest_from_parts(parts: list[tuple[str, object]], plan: JobPlan) -> str:
+    """The manifest from every shard's entry and every file's counts (summed here: a few per input file)."""
+    shards = [payload for kind, payload in parts if kind == SHARD]
+    counts: collections.Counter = collections.Counter()
+    for kind, payload in parts:
+        if kind == COUNT:
+            name, value = payload
+            counts[name] += value
+    return write_manifest(shards, plan, dict(counts))
 
 
 def build_pipeline(pipeline: beam.Pipeline, plan: JobPlan) -> None:
@@ -94,13 +128,19 @@ def build_pipeline(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         pipeline
         | "ListInputs" >> beam.Create(list(plan.files))
         | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadAndTokenize" >> beam.ParDo(ReadAndTokenize(plan)).with_outputs(COUNTS, main="documents")
+        | "ReadAndTokenize" >> beam.ParDo(ReadAndTokenize(plan))
     )
-    counts = read[COUNTS] | "SumCounts" >> beam.CombinePerKey(sum)
-    (
-        read.documents
+    shards = (
+        read
+        | "KeepDocuments" >> beam.FlatMap(payloads_of_kind, DOCUMENT)
         | "GroupIntoShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShards(plan))
-        | "CollectShards" >> beam.combiners.ToList()
-        | "WriteManifest" >> beam.Map(write_manifest, plan=plan, counts=beam.pvalue.AsDict(counts))
+    )
+    counts = read | "KeepCounts" >> beam.Filter(is_count)
+    (
+        (shards, counts)
+        | "JoinManifestParts" >> beam.Flatten()
+        # Never empty (every input file has a count), so no default value, and with it no side input.
+        | "CollectManifestParts" >> beam.CombineGlobally(beam.combiners.ToListCombineFn()).without_defaults()
+        | "WriteManifest" >> beam.Map(write_manifest_from_parts, plan=plan)
     )

@@ -4,6 +4,7 @@
     python data_prep/run.py preset=phase1 inputs='[/data/wiki/*.bz2,/data/books/]' output_dir=/data/shards
     python data_prep/run.py preset=phase1 ... --runner=DataflowRunner --project=P --region=R \
         --temp_location=gs://B/tmp --setup_file=./setup.py
+    python data_prep/run.py preset=sample dask.cluster=local dask.workers=2   # Dask cluster started and stopped here
 
 Arguments of the form key=value are Hydra overrides of the preset in conf/data_prep/ (preset=NAME picks it);
 arguments starting with -- are Beam pipeline options, passed through untouched.
@@ -35,6 +36,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data_prep.config import PrepConfig  # noqa: E402
+from data_prep.dask_cluster import (DaskSettings, check_runner_choice, dask_runner_args,  # noqa: E402
+                                    release_runner_client, started_cluster)
 from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
 from data_prep.manifest import read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
@@ -46,7 +49,8 @@ DEFAULT_PRESET = "sample"
 log = logging.getLogger("data_prep")
 
 
-def load_config(overrides: list[str]) -> PrepConfig:
+def load_settings(overrides: list[str]) -> tuple[PrepConfig, DaskSettings]:
+    """The data settings (they go into the manifest) and the Dask cluster settings (they shape nothing)."""
     preset = DEFAULT_PRESET
     rest = []
     for override in overrides:
@@ -65,7 +69,12 @@ def load_config(overrides: list[str]) -> PrepConfig:
         raw = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as error:
         raise ValueError(f"config: {error}") from error
-    return PrepConfig.from_dict(raw)
+    dask = DaskSettings.from_dict(raw.pop("dask", None))
+    return PrepConfig.from_dict(raw), dask
+
+
+def load_config(overrides: list[str]) -> PrepConfig:
+    return load_settings(overrides)[0]
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -102,9 +111,23 @@ def prepare_output(plan: JobPlan, tokens: list[str]) -> None:
         handle.write(build_tokenizer(tokens, plan.config.vocab.lowercase).to_str().encode("utf-8"))
 
 
-def plan_job(overrides: list[str]) -> tuple[JobPlan, list[str]]:
-    """Config and inputs checked, vocabulary ready: everything that can fail before the pipeline starts."""
-    return make_plan(load_config(overrides))
+def plan_job(overrides: list[str], beam_args: list[str]) -> tuple[JobPlan, list[str], DaskSettings]:
+    """Config, runner choice and inputs checked, vocabulary ready: everything that can fail before the pipeline
+    (or a Dask cluster) starts."""
+    config, dask = load_settings(overrides)
+    check_runner_choice(dask, beam_args)
+    plan, tokens = make_plan(config)
+    return plan, tokens, dask
+
+
+def execute_on_cluster(plan: JobPlan, tokens: list[str], dask: DaskSettings, beam_args: list[str],
+                       started: float) -> dict:
+    """`execute` on the Dask cluster that dask.cluster asks for (started here, closed afterwards), or with the
+    Beam options as given when dask.cluster=none."""
+    with started_cluster(dask) as scheduler_address:
+        workers = dask.workers if scheduler_address is not None else None
+        options = pipeline_options(dask_runner_args(beam_args, scheduler_address, len(plan.files), workers))
+        return execute(plan, tokens, options, started)
 
 
 def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started: float | None = None) -> dict:
@@ -116,7 +139,10 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, plan)
     result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result.wait_until_finish()
+    finally:
+        release_runner_client(result)
     manifest = read_manifest(plan.config.output_dir)
     manifest["wall_seconds"] = time.perf_counter() - started
     manifest["beam_counters"] = beam_counters(result)
@@ -125,7 +151,10 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
 
 def beam_counters(result) -> dict[str, int]:
     """The job's counters as the runner committed them (Dataflow shows the same ones in its console)."""
-    query = result.metrics().query(MetricsFilter().with_namespace("data_prep"))
+    try:
+        query = result.metrics().query(MetricsFilter().with_namespace("data_prep"))
+    except NotImplementedError:   # the DaskRunner collects no metrics; the manifest has the same counts
+        return {}
     return {counter.key.metric.name: counter.committed for counter in query["counters"]}
 
 
@@ -133,8 +162,9 @@ def run(argv: list[str]) -> dict:
     """The whole job, for tests and notebooks: same arguments as the command line."""
     started = time.perf_counter()
     overrides, beam_args = split_arguments(argv)
-    options = pipeline_options(beam_args)
-    return execute(*plan_job(overrides), options, started)
+    pipeline_options(beam_args)   # bad Beam options fail here, before a cluster starts
+    plan, tokens, dask = plan_job(overrides, beam_args)
+    return execute_on_cluster(plan, tokens, dask, beam_args, started)
 
 
 def format_summary(manifest: dict) -> str:
@@ -188,10 +218,14 @@ def help_text() -> str:
         "keys (Hydra overrides of the preset, e.g. inputs='[/data/wiki/, {path: /data/b/*.txt, format: books}]'):",
         *keys,
         "  vocab.file, vocab.size, vocab.lowercase, vocab.sample_mb, vocab.min_frequency   (the vocabulary)",
+        "  dask.cluster=none|local|slurm, dask.workers, dask.slurm.{partition,account,cores,processes,memory,",
+        "    walltime,job_extra_directives,interface,log_directory,startup_timeout_s}   (a Dask cluster started and",
+        "    stopped by the job, running Beam's DaskRunner; they shape no data)",
         "",
         "Beam pipeline options: every argument starting with -- is passed to Beam untouched, e.g.",
         "  --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp --setup_file=./setup.py",
         "  --runner=FlinkRunner --flink_master=HOST:8081",
+        "  --runner=apache_beam.runners.dask.dask_runner.DaskRunner --dask_client_address=HOST:PORT   (a running Dask)",
         "With no --runner: the DirectRunner with one worker process per core.",
     ])
 
@@ -199,6 +233,7 @@ def help_text() -> str:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("distributed").setLevel(logging.WARNING)   # per-worker start/stop lines of a Dask cluster
     # Relayed worker warnings about options meant for the launcher; not the user's concern.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     started = time.perf_counter()
@@ -208,13 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     overrides, beam_args = split_arguments(argv)
     try:
-        options = pipeline_options(beam_args)
-        plan, tokens = plan_job(overrides)
+        pipeline_options(beam_args)
+        plan, tokens, dask = plan_job(overrides, beam_args)
     except (ValueError, FileNotFoundError) as error:  # bad options, config or inputs: nothing has started
         print(f"data_prep: error: {error}", file=sys.stderr)
         return 2
     with worker_stderr_filtered():
-        manifest = execute(plan, tokens, options, started)
+        manifest = execute_on_cluster(plan, tokens, dask, beam_args, started)
     print(format_summary(manifest))
     print(f"shards, tokenizer and {MANIFEST_NAME} in {plan.config.output_dir}")
     return 0
