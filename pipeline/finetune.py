@@ -1,14 +1,15 @@
-"""Entry point: fine-tune a BERT checkpoint on a GLUE task or SWAG, evaluate on dev, export, from Hydra configs.
+"""Entry point: fine-tune a BERT checkpoint on a GLUE task, SWAG, SQuAD v1.1 or CoNLL-2003, evaluate, export.
 
     python pipeline/finetune.py task=sst2 init=<pre-training run dir>       # the bundled SST-2 sample on the CPU
-    GLUE_DIR=/data/glue python pipeline/finetune.py task=mnli init=/models/bert-base-uncased trainer=...
+    GLUE_DIR=/data/glue python pipeline/finetune.py task=mnli init=/models/bert-base-uncased trainer.accelerator=gpu
     python pipeline/finetune.py -m task=rte init=... optimizer.lr=5e-5,4e-5,3e-5,2e-5 seed=1,2,3   # the paper's sweep
     python pipeline/finetune.py -m hydra/launcher=submitit_slurm ... # the same sweep as SLURM jobs
     python pipeline/sweep_summary.py outputs/finetune/multirun/<date>/<time>   # best dev score per task
 
 A run leaves in its output directory: metrics.json (dev metrics, data and truncation counts, settings),
-predictions/<split>.tsv (dev predictions beside the gold labels), glue_submission/<Task>.tsv (leaderboard files,
-when the task's test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
+predictions/<split>.tsv (dev predictions beside the gold labels; SQuAD's predictions.json / nbest_predictions.json
+and NER's CoNLL file under predictions/<split>/), glue_submission/<Task>.tsv (leaderboard files, when the task's
+test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
 BertForSequenceClassification / BertForMultipleChoice with id2label, and the tokenizer), and Hydra's .hydra/.
 
 `finetune(cfg)` is the same run as a function (tests call it). Everything that can be checked is checked before
