@@ -43,7 +43,12 @@ def test_two_run_sweep_through_submitit_on_slurm(slurm_cluster, tiny_bert_dir, t
     tasks = sorted(p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name))
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks
     for task in tasks:
-        assert slurm_cluster.job_field(task, "JobState") in ("COMPLETED", ""), task   # "": purged once finished
+        # submitit returns once a task's result file exists, which can be before SLURM has finished the job's
+        # teardown: wait for the state to settle ("" once slurmctld has purged a finished job)
+        slurm_cluster._wait(lambda: slurm_cluster.job_field(task, "JobState") not in ("PENDING", "RUNNING",
+                                                                                        "COMPLETING"),
+                            60, f"job {task} did not finish")
+        assert slurm_cluster.job_field(task, "JobState") in ("COMPLETED", ""), task
     assert {r["wandb_group"] for r in records} == {f"sst2-{sweep.parent.name}-{sweep.name}"}
 
     summary = subprocess.run([sys.executable, "pipeline/sweep_summary.py", str(sweep)], cwd=REPO_ROOT, env=env,
