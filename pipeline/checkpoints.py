@@ -1,4 +1,4 @@
-"""Checkpoints that survive a kill during their own write, and finding the newest complete one to resume from.
+"""Checkpoints that survive a kill during their own write (finding the newest complete one: checkpoint_files.py).
 
 Lightning's own writer stages a checkpoint in the system temp directory and moves it into place: a rename when
 both are on one filesystem, but a copy (killable half-way, leaving a truncated file under the real name) when
@@ -9,18 +9,17 @@ Lightning parses for the SLURM requeue's version number.
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-PARTIAL_PREFIX, PARTIAL_SUFFIX = ".checkpoint-", ".partial"
-log = logging.getLogger(__name__)
+# Re-exported: the file checks live in a torch-free module the workflow's stage process also uses.
+from pipeline.checkpoint_files import (  # noqa: F401
+    PARTIAL_PREFIX, PARTIAL_SUFFIX, is_complete, newest_complete_checkpoint, remove_partial_checkpoints)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -55,35 +54,3 @@ def _fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(descriptor)
-
-
-def is_complete(path: Path) -> bool:
-    """A torch checkpoint whose zip directory (written last) is intact, or a DeepSpeed checkpoint directory
-    whose `latest` tag (written after its shards) exists."""
-    if path.is_dir():
-        return (path / "latest").is_file()
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return bool(archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
-def remove_partial_checkpoints(*directories: Path) -> list[Path]:
-    """Temporary files of writes that were killed; nothing will ever complete them."""
-    removed = []
-    for directory in directories:
-        for partial in Path(directory).glob(f"{PARTIAL_PREFIX}*{PARTIAL_SUFFIX}"):
-            partial.unlink(missing_ok=True)
-            removed.append(partial)
-    return removed
-
-
-def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path | None:
-    """The most recently written complete checkpoint of a run: last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt."""
-    candidates = [*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")]
-    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
-        if is_complete(candidate):
-            return candidate
-        log.warning("skipping %s: incomplete (its write was interrupted)", candidate)
-    return None

@@ -18,9 +18,9 @@ import socket
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
+from pipeline.checkpoint_files import newest_complete_checkpoint
 from pipeline.orchestration import markers
 from pipeline.orchestration.plan import StagePlan, consumed_inputs, read_plan
 from pipeline.orchestration.spec import REPO_ROOT, STATE_DIR
@@ -32,22 +32,6 @@ def slurm_job_id() -> str | None:
     if os.environ.get("SLURM_ARRAY_JOB_ID") and os.environ.get("SLURM_ARRAY_TASK_ID"):
         return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get("SLURM_JOB_ID")
-
-
-def _complete_checkpoint(path: Path) -> bool:
-    """As pipeline.checkpoints.is_complete, without importing torch into this small process."""
-    if path.is_dir():
-        return (path / "latest").is_file()
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return bool(archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
-
-
-def _has_resumable_checkpoint(run_dir: Path) -> bool:
-    candidates = [*run_dir.glob("checkpoints/*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
-    return any(_complete_checkpoint(c) for c in candidates)
 
 
 def prepare_training_dir(plan: StagePlan, inputs_consumed: dict, say) -> list[str]:
@@ -64,7 +48,7 @@ def prepare_training_dir(plan: StagePlan, inputs_consumed: dict, say) -> list[st
     same = bool(attempt and attempt.get("config_hash") == plan.config_hash
                 and attempt.get("inputs_consumed") == inputs_consumed)
     extra: list[str] = []
-    if same and _has_resumable_checkpoint(run_dir):
+    if same and newest_complete_checkpoint(run_dir / "checkpoints", run_dir) is not None:
         say(f"resuming {plan.name} from the newest checkpoint in {run_dir} (same config and inputs)")
         extra.append("ckpt_path=last")
     elif run_dir.exists() and any(run_dir.iterdir()):

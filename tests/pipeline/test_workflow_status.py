@@ -118,6 +118,24 @@ def test_an_interrupted_pretraining_resumes_from_its_checkpoint_only_for_the_sam
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "hpc_ckpt_1.ckpt").exists()
 
 
+def test_a_truncated_checkpoint_alone_is_not_resumed(tmp_path):
+    wf = load_workflow(["+workflow=tiny", f"workflow.root={tmp_path}"])
+    plan = build_plan(wf, check_configs=False)["pretrain_phase1"]
+    inputs = consumed_inputs(wf.state_dir, plan)
+    run_dir = Path(plan.output_dir)
+    prepare_training_dir(plan, inputs, print)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut off")   # a copy killed half-way
+    assert prepare_training_dir(plan, inputs, print) == []
+
+
+def test_the_stage_process_decides_about_resuming_without_importing_torch():
+    probe = "import sys, pipeline.orchestration.stage_job; print(sorted({'torch', 'pytorch_lightning'} & set(sys.modules)))"
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    assert imported == "[]"
+
+
 def test_wandb_links_come_from_the_log_or_the_offline_run(tmp_path):
     from pipeline.orchestration.wandb_links import wandb_links
 
