@@ -42,25 +42,16 @@ from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: 
 from data_prep.manifest import read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan  # noqa: E402
+from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, split_preset  # noqa: E402
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
-CONFIG_DIR = REPO_ROOT / "conf" / "data_prep"
-DEFAULT_PRESET = "sample"
+CONFIG_DIR = PRESET_DIR
 log = logging.getLogger("data_prep")
 
 
 def load_settings(overrides: list[str]) -> tuple[PrepConfig, DaskSettings]:
     """The data settings (they go into the manifest) and the Dask cluster settings (they shape nothing)."""
-    preset = DEFAULT_PRESET
-    rest = []
-    for override in overrides:
-        if override.startswith("preset="):
-            preset = override.split("=", 1)[1]
-        else:
-            rest.append(override)
-    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    if preset not in available:
-        raise ValueError(f"unknown preset {preset!r}; available: {available}")
+    preset, rest = split_preset(overrides)
     if not OmegaConf.has_resolver("repo_root"):
         OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from data_prep.presets import PRESET_DIR, split_preset
 from pipeline.orchestration.spec import CONFIG_DIR, REPO_ROOT, Stage, Workflow, WorkflowError
 
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -153,17 +154,11 @@ def _missing_keys(node, prefix: str = "") -> list[str]:
 
 
 def _compose_data_prep(overrides: list[str]):
-    preset = "sample"
-    rest = []
-    for override in overrides:
-        if override.startswith("preset="):
-            preset = override.split("=", 1)[1]
-        else:
-            rest.append(override)
-    presets = sorted(p.stem for p in (CONFIG_DIR / "data_prep").glob("*.yaml"))
-    if preset not in presets:
-        raise WorkflowError(f"unknown data prep preset {preset!r}; presets: {', '.join(presets)}")
-    return _compose(CONFIG_DIR / "data_prep", preset, rest)
+    try:
+        preset, rest = split_preset(overrides)
+    except ValueError as error:
+        raise WorkflowError(f"data prep: {error}") from error
+    return _compose(PRESET_DIR, preset, rest)
 
 
 def relative_to_repo(path: Path) -> str:
