@@ -45,7 +45,6 @@ from data_prep.plan import JobPlan, make_plan  # noqa: E402
 from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, split_preset  # noqa: E402
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
-CONFIG_DIR = PRESET_DIR
 log = logging.getLogger("data_prep")
 
 
@@ -55,7 +54,7 @@ def load_settings(overrides: list[str]) -> tuple[PrepConfig, DaskSettings]:
     if not OmegaConf.has_resolver("repo_root"):
         OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(PRESET_DIR), version_base="1.3"):
             cfg = compose(config_name=preset, overrides=rest)
         raw = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as error:
@@ -188,7 +187,7 @@ def format_summary(manifest: dict) -> str:
 def help_text() -> str:
     """What --help prints: the presets, the keys a preset sets, and how Beam's options pass through."""
     presets = []
-    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
         first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.startswith("#")), "")
         presets.append(f"  {path.stem:<20}{'(default) ' if path.stem == DEFAULT_PRESET else ''}{first}")
     keys = []

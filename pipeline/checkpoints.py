@@ -17,9 +17,7 @@ from typing import Any
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-# Re-exported: the file checks live in a torch-free module the workflow's stage process also uses.
-from pipeline.checkpoint_files import (  # noqa: F401
-    PARTIAL_PREFIX, PARTIAL_SUFFIX, is_complete, newest_complete_checkpoint, remove_partial_checkpoints)
+from pipeline.checkpoint_files import PARTIAL_PREFIX, PARTIAL_SUFFIX
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -170,7 +170,7 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
 def _newest_checkpoint(output_dir: Path) -> str:
     """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
     only a temporary file, removed here, and the previous checkpoint whole)."""
-    from pipeline.checkpoints import newest_complete_checkpoint, remove_partial_checkpoints
+    from pipeline.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 
     if _is_first_process():
         for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):

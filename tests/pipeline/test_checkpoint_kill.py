@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoints import (
-    AtomicCheckpointIO,
+from pipeline.checkpoint_files import (
     PARTIAL_PREFIX,
     is_complete,
     newest_complete_checkpoint,
     remove_partial_checkpoints,
 )
+from pipeline.checkpoints import AtomicCheckpointIO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
