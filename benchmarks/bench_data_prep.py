@@ -2,9 +2,9 @@
 scaling over workers.
 
     pip install -e ".[bench]"        # the reference: bert-tensorflow (google-research/bert) on tensorflow-cpu
-    python benchmarks/bench_data_prep.py [--books ../shared/data/corpora/books] [--skip-scaling] [--scaling-copies 16]
+    python benchmarks/bench_data_prep.py --shared-data ../shared/data [--skip-scaling] [--scaling-copies 16]
         [--reference-python PYTHON]   # an interpreter that has the bench extra, if this one does not
-    python benchmarks/bench_data_prep.py --dask-vs-direct [--scaling-copies 16]   # needs the dask extra
+    python benchmarks/bench_data_prep.py --shared-data ../shared/data --dask-vs-direct [--scaling-copies 16]   # needs the dask extra
 
 --dask-vs-direct runs only this: the 16x corpus on Beam's DaskRunner (a LocalCluster of 2 worker processes,
 started and stopped by the job: dask.cluster=local dask.workers=2) against the multi-processing DirectRunner with
@@ -30,15 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
+from common import BUNDLED_VOCAB as VOCAB
+from common import add_shared_data_flag, shared_path
 ONE_CORE_ENV = {"RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
                 "TF_NUM_INTEROP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def measure(argv: list[str]) -> None:
     """Child mode: run the job once and print its figures as JSON."""
-    sys.path.insert(0, str(REPO_ROOT))
     from data_prep.run import run
     started = time.perf_counter()
     manifest = run(argv)
@@ -86,7 +85,6 @@ def measure_reference(spec: dict) -> None:
 def write_reference_input(corpus: Path, target: Path) -> None:
     """The reference's input format: one sentence per line, a blank line between documents (our reader's books,
     cut into sentences by our segmenter), so both sides start from the same documents and sentences."""
-    sys.path.insert(0, str(REPO_ROOT))
     from data_prep.documents import Document
     from data_prep.readers import read_documents
     from data_prep.segmentation import split_paragraphs_into_sentences
@@ -154,7 +152,7 @@ def compare_dask_with_direct(books: Path, copies: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--books", type=Path, default=REPO_ROOT.parent / "shared" / "data" / "corpora" / "books")
+    add_shared_data_flag(parser)
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--scaling-copies", type=int, default=16,
                         help="corpus copies for the 1 vs 2 worker run: large enough that start-up does not dominate")
@@ -166,6 +164,7 @@ def main() -> None:
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--measure-reference", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    books = None if args.measure or args.measure_reference else shared_path(args, "corpora", "books")
     if args.measure:
         measure(json.loads(args.measure))
         return
@@ -173,7 +172,7 @@ def main() -> None:
         measure_reference(json.loads(args.measure_reference))
         return
     if args.dask_vs_direct:
-        compare_dask_with_direct(args.books, args.scaling_copies)
+        compare_dask_with_direct(books, args.scaling_copies)
         return
 
     with_reference = reference_available(args.reference_python)
@@ -185,7 +184,7 @@ def main() -> None:
         root = Path(tmp)
         throughput = {}
         for copies in (1, 4):
-            corpus = replicate(args.books, root, copies)
+            corpus = replicate(books, root, copies)
             ours = run_job(corpus, root / f"out{copies}", copies, in_process)
             throughput[copies] = ours
             ours_rate = ours["tokens"] / ours["wall_s"]
@@ -209,7 +208,7 @@ def main() -> None:
 
         if not args.skip_scaling:
             copies = args.scaling_copies
-            corpus = replicate(args.books, root, copies)
+            corpus = replicate(books, root, copies)
             results = {}
             for workers in (1, 2):
                 results[workers] = run_job(corpus, root / f"out_scaling_{workers}", copies, [

@@ -78,7 +78,8 @@ def ensure_shards(path: Path) -> Path:
 
 
 def pretrain(shards: Path, out: Path, steps: int, lr: float) -> dict:
-    from pipeline.train import compose_config, train
+    from pipeline.core.app import compose
+    from pipeline.pretraining.run import train
 
     overrides = ["model=mini", f"data.path={shards}", f"output_dir={out}", f"trainer.max_steps={steps}",
                  f"optimizer.lr={lr}",
@@ -87,7 +88,7 @@ def pretrain(shards: Path, out: Path, steps: int, lr: float) -> dict:
     if steps <= 30:   # the default warmup is 30 steps; a toy run still needs a schedule that fits
         overrides.append(f"scheduler.warmup_steps={max(steps // 10, 1)}")
     started = time.perf_counter()
-    result = train(compose_config(overrides))
+    result = train(compose("train", overrides))
     seconds = time.perf_counter() - started
     return summarize_run(out, Path(result["csv"]), result["global_step"], round(seconds, 1), result["plot"])
 
@@ -120,7 +121,7 @@ def read_curve(csv_path: Path) -> list[dict]:
 
 def random_init(config, tokenizer_dir: Path, out: Path, seed: int) -> Path:
     from model import BertForPreTraining
-    from model.hf_conversion import export_hf
+    from model.hf_files import export_hf
 
     torch.manual_seed(seed)
     return export_hf(BertForPreTraining(config), out, tokenizer_dir)
@@ -149,7 +150,8 @@ def probe_side(inits: dict[int, Path], texts: list[str], labels: list[int], seed
 # 5: fine-tuning
 
 def finetune_once(init: Path, sst2: Path, out: Path, seed: int, lr: float, examples: int | None) -> dict:
-    from pipeline.finetune import compose_config, finetune
+    from pipeline.core.app import compose
+    from pipeline.finetuning.run import finetune
 
     overrides = [f"init={init}", "task=sst2", f"data.dir={sst2}", f"output_dir={out}",
                  f"data.cache_dir={out.parent / 'cache'}", "trainer.max_epochs=1", f"optimizer.lr={lr}",
@@ -158,7 +160,7 @@ def finetune_once(init: Path, sst2: Path, out: Path, seed: int, lr: float, examp
     if examples:
         overrides.append(f"data.limit_train_examples={examples}")
     started = time.perf_counter()
-    result = finetune(compose_config(overrides))
+    result = finetune(compose("finetune", overrides))
     record = json.loads((out / "metrics.json").read_text())
     return {"dev_acc": result["score"], "train_examples": record["data"]["train"]["examples"],
             "weights_loaded": record["weights_loaded"], "seconds": round(time.perf_counter() - started, 1)}
@@ -293,8 +295,8 @@ def main() -> None:
         shutil.rmtree(out)   # a previous run's fine-tuning directories would otherwise mix with this one's
     out.mkdir(parents=True)
 
-    from pipeline.finetuning.pretrained import load_pretrained
-    from pipeline.probe import read_sst2_sentences
+    from pipeline.core.weights import load_pretrained
+    from pipeline.extraction.run import read_sst2_sentences
 
     results: dict = {"seeds": args.seeds, "threads": args.threads, "probe_sentences": args.probe_sentences,
                      "finetune_lr": args.finetune_lr, "sst2": str(args.sst2),

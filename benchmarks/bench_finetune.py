@@ -1,8 +1,8 @@
 """Fine-tuning throughput: one epoch of SST-2 for the mini preset on the CPU, ours against transformers.
 
-    python benchmarks/bench_finetune.py                      # the real SST-2 train set (67,349), dev set (872)
-    python benchmarks/bench_finetune.py --examples 5000      # a quicker look on the first 5,000 training rows
-    python benchmarks/bench_finetune.py --squad              # SQuAD v1.1 dev inference instead (10,570 questions)
+    python benchmarks/bench_finetune.py --shared-data ../shared/data   # real SST-2 train (67,349) and dev (872)
+    python benchmarks/bench_finetune.py --shared-data ../shared/data --examples 5000   # the first 5,000 rows
+    python benchmarks/bench_finetune.py --shared-data ../shared/data --squad  # SQuAD v1.1 dev inference (10,570)
 
 Both sides start from the same weights (BERT-mini at random initialisation, seed 0, written once as a Hugging Face
 directory) and train with the same recipe (AdamW, lr, weight decay 0.01, 10% linear warmup then linear decay,
@@ -33,21 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "downstream" / "glue" / "SST-2"
-DEFAULT_SQUAD = REPO_ROOT.parent / "shared" / "data" / "downstream" / "squad" / "dev-v1.1.json"
-VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
+from common import BUNDLED_VOCAB as VOCAB  # noqa: E402
+from common import add_shared_data_flag, shared_path  # noqa: E402
 
 
 def write_initial_weights(out_dir: Path) -> Path:
     from model import BertConfig, BertForPreTraining
-    from model.hf_conversion import export_hf
+    from model.hf_files import export_hf
 
     torch.manual_seed(0)
     return export_hf(BertForPreTraining(BertConfig.from_preset("mini")), out_dir, VOCAB)
@@ -55,7 +51,8 @@ def write_initial_weights(out_dir: Path) -> Path:
 
 def run_ours_end_to_end(init: Path, data: Path, work: Path, examples: int | None, lr: float) -> dict:
     """pipeline/finetune.py's finetune() itself (Lightning, length-grouped): what a user runs."""
-    from pipeline.finetune import compose_config, finetune
+    from pipeline.core.app import compose
+    from pipeline.finetuning.run import finetune
 
     overrides = [f"init={init}", "task=sst2", f"data.dir={data}", f"output_dir={work / 'end_to_end'}",
                  f"data.cache_dir={work / 'cache'}", "trainer.max_epochs=1", f"optimizer.lr={lr}",
@@ -63,7 +60,7 @@ def run_ours_end_to_end(init: Path, data: Path, work: Path, examples: int | None
                  "export.plot=false", "seed=0"]
     if examples:
         overrides.append(f"data.limit_train_examples={examples}")
-    finetune(compose_config(overrides))
+    finetune(compose("finetune", overrides))
     record = json.loads((work / "end_to_end" / "metrics.json").read_text())
     return {"name": "ours end to end: finetune() with Lightning, length-grouped",
             "examples": record["data"]["train"]["examples"], "train_seconds": record["train_seconds"],
@@ -77,14 +74,13 @@ class OursSide:
 
     def __init__(self, init: Path, data: Path, cache: Path, examples: int | None, lr: float, grouped: bool,
                  batch_size: int = 32):
+        from pipeline.core.weights import load_into_task_model, load_pretrained
         from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
         from pipeline.finetuning.features import featurize
         from pipeline.finetuning.module import build_task_model
-        from pipeline.finetuning.pretrained import load_pretrained
         from pipeline.finetuning.tokenizer import load_tokenizer
-        from pipeline.finetuning.weights import load_into_task_model
-        from pipeline.optim import build_optimizer, build_scheduler
-        from pipeline.tasks import get_task
+        from pipeline.core.optim import build_optimizer, build_scheduler
+        from pipeline.finetuning.tasks import get_task
 
         self.name = f"ours, {'length-grouped' if grouped else 'random order'}, padded to longest"
         torch.manual_seed(0)
@@ -218,7 +214,7 @@ def bench_squad_inference(dev_file: Path, questions: int | None, batch_size: int
     from model.hf_conversion import hf_task_config_dict, task_to_hf_state_dict
     from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader
     from pipeline.finetuning.tokenizer import load_tokenizer
-    from pipeline.tasks import get_task
+    from pipeline.finetuning.tasks import get_task
 
     task = get_task("squad_v1")
     settings = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64, "n_best": 20,
@@ -283,7 +279,9 @@ def bench_squad_inference(dev_file: Path, questions: int | None, batch_size: int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="SST-2 folder (train.tsv, dev.tsv)")
+    add_shared_data_flag(parser)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="SST-2 folder (train.tsv, dev.tsv); default <--shared-data>/downstream/glue/SST-2")
     parser.add_argument("--examples", type=int, default=None, help="first N training rows (default: all)")
     parser.add_argument("--lr", type=float, default=1e-4, help="peak learning rate, both sides")
     parser.add_argument("--threads", type=int, default=2)
@@ -291,14 +289,17 @@ def main() -> None:
     parser.add_argument("--end-to-end", action="store_true",
                         help="also time finetune() itself (Lightning), after the interleaved runs")
     parser.add_argument("--squad", action="store_true", help="SQuAD v1.1 dev inference instead of SST-2 training")
-    parser.add_argument("--squad-dev", type=Path, default=DEFAULT_SQUAD)
+    parser.add_argument("--squad-dev", type=Path, default=None,
+                        help="default <--shared-data>/downstream/squad/dev-v1.1.json")
     parser.add_argument("--questions", type=int, default=None, help="--squad: first N questions (default: all)")
     args = parser.parse_args()
     if args.squad:
         torch.set_num_threads(args.threads)
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
-        bench_squad_inference(args.squad_dev, args.questions)
+        bench_squad_inference(args.squad_dev or shared_path(args, "downstream", "squad", "dev-v1.1.json"),
+                              args.questions)
         return
+    args.data = args.data or shared_path(args, "downstream", "glue", "SST-2")
     if not (args.data / "train.tsv").is_file():
         sys.exit(f"no SST-2 train.tsv in {args.data}: pass --data=<GLUE SST-2 folder>")
     torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Training-loader benchmark: sequences/s of ONE loader worker, reading, shuffling, collating and masking included.
 
-    python benchmarks/bench_loader.py [--books ../shared/data/corpora/books] [--batches 4000] [--batch-size 32]
+    python benchmarks/bench_loader.py --shared-data ../shared/data [--batches 4000] [--batch-size 32]
 
 Two shard sets are made from the six Gutenberg books with the real data_prep job (preset phase1: seq 128, 20
 predictions; dupe_factor 1; 3 shards), one statically masked and one for dynamic masking, in a temporary
@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+from common import add_shared_data_flag, import_test_helpers, shared_path
 
 GOAL_SEQ_PER_S = 20_000
 
@@ -35,7 +34,7 @@ def cpu_seconds(who: int) -> float:
 
 def measure(dataset, batches: int, num_workers: int) -> dict:
     """Iterate epochs 0, 1, ... of `dataset` until `batches` batches: wall and CPU rates in sequences/s."""
-    from pipeline.data.loader import PretrainingDataLoader
+    from pipeline.pretraining.data.loader import PretrainingDataLoader
     seen = sequences = epoch = 0
     started, self_cpu, children_cpu = time.perf_counter(), cpu_seconds(resource.RUSAGE_SELF), \
         cpu_seconds(resource.RUSAGE_CHILDREN)
@@ -58,20 +57,22 @@ def measure(dataset, batches: int, num_workers: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--books", type=Path, default=REPO_ROOT.parent / "shared" / "data" / "corpora" / "books")
+    add_shared_data_flag(parser)
     parser.add_argument("--batches", type=int, default=4000)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
 
     import torch
     torch.set_num_threads(1)
-    from pipeline.data import PretrainingDataset, ShardSet
-    from pipeline.data.sample_sets import build_books_set
+    from pipeline.pretraining.data import PretrainingDataset, ShardSet
+    import_test_helpers()
+    from tests.helpers.shard_sets import build_books_set
 
-    books = sorted(args.books.glob("*.txt"))
+    books_dir = shared_path(args, "corpora", "books")
+    books = sorted(books_dir.glob("*.txt"))
     if not books:
-        sys.exit(f"no books in {args.books}")
-    print(f"command: python benchmarks/bench_loader.py --books {args.books} --batches {args.batches} "
+        sys.exit(f"no books in {books_dir}")
+    print(f"command: python benchmarks/bench_loader.py --shared-data {args.shared_data} --batches {args.batches} "
           f"--batch-size {args.batch_size}")
     with tempfile.TemporaryDirectory() as root:
         worst = float("inf")

@@ -27,7 +27,6 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -35,7 +34,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import BertConfig  # noqa: E402
 from model.hf_conversion import from_hf_state_dict, hf_config_from  # noqa: E402

@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -50,7 +47,7 @@ def main() -> None:
     import transformers
     from omegaconf import OmegaConf
 
-    from pipeline.data.datamodule import PretrainingDataModule
+    from pipeline.pretraining.data.datamodule import PretrainingDataModule
 
     shards = OmegaConf.load(args.run / ".hydra" / "config.yaml").data.path
     module = PretrainingDataModule(shards, 128, 30522, 32, num_workers=0)
@@ -70,8 +67,7 @@ def main() -> None:
     print(f"| unigram floor (always token {commonest}) | {count / len(labels):.4f} | |")
 
     from model.heads import BertForSequenceClassification
-    from pipeline.finetuning.pretrained import load_pretrained
-    from pipeline.finetuning.weights import load_into_task_model
+    from pipeline.core.weights import load_into_task_model, load_pretrained
 
     loaded = load_pretrained(export)
     task_model = BertForSequenceClassification(loaded.config, num_labels=2)

@@ -17,14 +17,14 @@ import os
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any, Iterator
+
+from data_prep.presets import REPO_ROOT
 
 log = logging.getLogger(__name__)
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 CLUSTER_KINDS = ("none", "local", "slurm")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = "pip install -e '.[dask]'"
 
 

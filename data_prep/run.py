@@ -16,11 +16,6 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
 
 from data_prep.known_noise import silence_known_noise, worker_stderr_filtered  # noqa: E402
 
@@ -42,7 +37,7 @@ from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: 
 from data_prep.manifest import read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan  # noqa: E402
-from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, split_preset  # noqa: E402
+from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, register_repo_root_resolver, split_preset  # noqa: E402
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
 log = logging.getLogger("data_prep")
@@ -51,8 +46,7 @@ log = logging.getLogger("data_prep")
 def load_settings(overrides: list[str]) -> tuple[PrepConfig, DaskSettings]:
     """The data settings (they go into the manifest) and the Dask cluster settings (they shape nothing)."""
     preset, rest = split_preset(overrides)
-    if not OmegaConf.has_resolver("repo_root"):
-        OmegaConf.register_new_resolver("repo_root", lambda: str(REPO_ROOT))
+    register_repo_root_resolver()
     try:
         with initialize_config_dir(config_dir=str(PRESET_DIR), version_base="1.3"):
             cfg = compose(config_name=preset, overrides=rest)

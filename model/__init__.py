@@ -1,15 +1,7 @@
 """BERT for pre-training and fine-tuning (PyTorch only; transformers is needed only for the optional conversions)."""
-from model.bert import (
-    PEAK_FLOPS,
-    BertForPreTraining,
-    BertModel,
-    EncoderOutput,
-    PreTrainingOutput,
-    flops_per_token,
-    mfu,
-    peak_flops_for_device,
-)
+from model.bert import IGNORE_INDEX, BertForPreTraining, BertModel, EncoderOutput, PreTrainingOutput
 from model.config import PRESETS, BertConfig
+from model.flops import PEAK_FLOPS, flops_per_token, mfu, peak_flops_for_device
 from model.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -19,7 +11,7 @@ from model.heads import (
 )
 
 __all__ = [
-    "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining", "BertForQuestionAnswering",
+    "IGNORE_INDEX", "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining", "BertForQuestionAnswering",
     "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput", "PreTrainingOutput",
     "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
 ]

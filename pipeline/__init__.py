@@ -1,1 +1,1 @@
-"""Training: the data loader (pipeline/data/), Lightning and DeepSpeed around model/."""
+"""Training: the data loader (pipeline/pretraining/data/), Lightning and DeepSpeed around model/."""

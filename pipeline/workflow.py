@@ -14,13 +14,8 @@ from its last checkpoint. Everything that can be wrong with a workflow is report
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
-
-from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow  # noqa: E402
+from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow
 
 
 def main(argv: list[str]) -> int:

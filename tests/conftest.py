@@ -1,18 +1,19 @@
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from tests.helpers.slurm import SLURM_APT_COMMAND, SlurmCluster
+from tests.helpers.training import run_training_process, tiny_run_overrides
+from tests.helpers.wandb_log import wandb_history
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+# Real public data for tests (corpora, vocabularies, GLUE/SQuAD files): the shared data folder beside the checkout, or
+# $BERT_SHARED_DATA. Tests take it from the shared_data fixture only; where it is missing they skip, saying so.
+SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
 BUNDLED_VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
 SAMPLE_CORPUS = REPO_ROOT / "data_prep" / "sample_corpus"
 
@@ -29,7 +30,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set BERT_SHARED_DATA to its folder)")
     return SHARED_DATA
 
 
@@ -40,125 +41,8 @@ def bert_vocab() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- a real SLURM
-# A single-node SLURM (slurmctld + slurmd + munged) started by the tests that need one (tests/pipeline/test_slurm.py,
-# test_finetune_slurm.py, tests/data_prep/test_dask_runner.py). Needs Debian's slurm-wlm (CI installs it) and root
-# (slurmd launches the job's tasks). Every daemon runs in the foreground as a child of the test session, with its own
-# munge key, socket, ports and state directory, so nothing on the machine (a system munged, another SLURM) is
-# touched, and teardown stops exactly them.
-SLURM_APT_COMMAND = "apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm"
-SLURM_JOB_TIMEOUT_S = 240
-SLURM_TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                         "DEADLINE", "PREEMPTED"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _slurm_conf(root: Path, ctld_port: int, slurmd_port: int) -> str:
-    return f"""\
-ClusterName=berttest
-SlurmctldHost=localhost
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/munge.socket
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-MpiDefault=none
-ReturnToService=2
-NodeName=localhost CPUs=2 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-class SlurmCluster:
-    def __init__(self, root: Path):
-        self.root = root
-        self.conf = root / "slurm.conf"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-        self.env["SLURM_CONF"] = str(self.conf)
-        self.daemons: list[tuple[str, subprocess.Popen]] = []
-
-    def start(self) -> None:
-        for d in ("state", "spool"):
-            (self.root / d).mkdir()
-        key = self.root / "munge.key"
-        key.write_bytes(os.urandom(128))
-        key.chmod(0o600)
-        self.conf.write_text(_slurm_conf(self.root, _free_port(), _free_port()))
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--socket={self.root}/munge.socket",
-                               f"--key-file={key}", f"--log-file={self.root}/munged.log",
-                               f"--pid-file={self.root}/munged.pid", f"--seed-file={self.root}/munged.seed"])
-        self._wait(lambda: (self.root / "munge.socket").exists(), 20, "munged did not create its socket")
-        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", "localhost"])
-        self._wait(lambda: self.run("sinfo", "-h", "-o", "%t").stdout.strip() == "idle", 60,
-                   "the node never became idle")
-
-    def _spawn(self, name: str, cmd: list[str]) -> None:
-        log = open(self.root / f"{name}.out", "wb")
-        self.daemons.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)))
-
-    def _wait(self, condition, timeout_s: float, message: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for name, proc in self.daemons:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.logs()}")
-            if condition():
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"{message} within {timeout_s} s:\n{self.logs()}")
-
-    def run(self, *cmd: str, check: bool = False) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60, check=check)
-
-    def job_field(self, job_id: str, field: str) -> str:
-        out = self.run("scontrol", "show", "job", job_id).stdout
-        match = re.search(rf"\b{field}=(\S+)", out)
-        return match.group(1) if match else ""
-
-    def wait_for_job(self, job_id: str, timeout_s: float = SLURM_JOB_TIMEOUT_S) -> str:
-        self._wait(lambda: self.job_field(job_id, "JobState") in SLURM_TERMINAL_STATES, timeout_s,
-                   f"job {job_id} did not finish")
-        return self.job_field(job_id, "JobState")
-
-    def logs(self) -> str:
-        parts = []
-        for path in sorted(self.root.glob("*.out")) + sorted(self.root.glob("*.log")):
-            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}")
-        return "\n".join(parts)
-
-    def stop(self) -> None:
-        for name, proc in reversed(self.daemons):     # slurmd, slurmctld, then munged
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-
-
+# tests/helpers/slurm.py: started once per session by the tests that need one (tests/pretraining/test_slurm.py,
+# tests/finetuning/test_finetune_slurm.py, tests/data_prep/test_dask_runner.py, the workflow's SLURM tests).
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     missing = [d for d in ("slurmctld", "slurmd", "munged", "sbatch", "scontrol") if shutil.which(d) is None]
@@ -172,3 +56,87 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+BOOK = "austen-persuasion.txt"   # ~470 KB: ~1,200 instances at seq 128 with dupe_factor 1
+
+# Two cores shared with other work: few threads everywhere, subprocesses included.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+os.environ.setdefault("MKL_NUM_THREADS", "2")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    try:
+        import torch
+    except ImportError:   # the data-prep-only install: no torch, nothing to limit
+        return
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def small_shards(tmp_path_factory, shared_data) -> Path:
+    """A phase-1 shard set (seq 128, 20 predictions, static masking, BERT's uncased vocabulary) made by the real
+    data_prep job from one real book."""
+    book = shared_data / "corpora" / "books" / BOOK
+    if not book.is_file():
+        pytest.skip(f"{book} not found")
+    inputs = tmp_path_factory.mktemp("books")
+    shutil.copy(book, inputs / BOOK)
+    out = tmp_path_factory.mktemp("shards") / "phase1"
+    from data_prep.run import run
+    run([f"inputs=[{{path: '{inputs}/*.txt', format: books}}]", f"output_dir={out}", "preset=phase1",
+         "num_shards=2", "dupe_factor=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    return out
+
+
+@pytest.fixture(scope="session")
+def torch_extensions_dir(tmp_path_factory) -> str:
+    """DeepSpeed JIT-builds its CPU comm op (~45 s or more) once per session, into this directory."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(tmp_path_factory.mktemp("torch_extensions"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Data tests: one thread (2 cores shared with other work; the training runs above allow 2)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+# The helpers of tests/helpers/ as fixtures, as the training tests take them.
+@pytest.fixture(scope="session")
+def tiny_overrides():
+    return tiny_run_overrides
+
+
+@pytest.fixture(scope="session")
+def training_process():
+    return run_training_process
+
+
+@pytest.fixture(scope="session")
+def read_wandb_history():
+    return wandb_history
+
+
+# ---------------------------------------------------------------------------------------------- fine-tuning
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A tiny BERT at random initialisation, exported as a Hugging Face directory with BERT's uncased vocabulary:
+    what `init=` takes for a downloaded bert-base-uncased, at a size that trains in seconds."""
+    import torch
+
+    from model import BertConfig, BertForPreTraining
+    from model.hf_files import export_hf
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=128))
+    vocab = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
+    return export_hf(model, tmp_path_factory.mktemp("tiny_bert") / "hf", vocab)

@@ -45,7 +45,7 @@ def test_data_prep_prints_its_progress_and_summary_without_known_noise(tmp_path,
 
 TRAINER_SCRIPT = """
 import warnings, sys
-import pipeline.train  # the entry point's module: installs the filters
+import pipeline.core.app  # what every entry point imports first: installs the filters
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger
 pl.Trainer(logger=CSVLogger(sys.argv[1]), accelerator="cpu", devices=1, enable_progress_bar=False)

@@ -1,13 +1,13 @@
 """Cluster smoke check: a tiny Lightning DDP fit in every task of a SLURM allocation, in seconds.
 
-    srun python infra/slurm/smoke_ddp.py [--out DIR] [--strategy conf/strategy/ddp.yaml] [--steps N]
+    srun python infra/slurm/smoke_ddp.py [--out DIR] [--strategy conf/training/strategy/ddp.yaml] [--steps N]
                                          [--step-sleep S --root-dir DIR]   # to rehearse requeue + resume
 
 Run it with the same #SBATCH/srun geometry as the real job (e.g. `--nodes=2 --ntasks-per-node=8 --gpus-per-node=8`)
 before spending a queue slot on bert_large: it checks that Lightning detects SLURM, that every rank joins one
 process group (nccl on GPUs, gloo on CPUs), and that gradients are all-reduced (every rank ends with the same
 weights). Each rank prints one JSON line, and writes it to DIR/rank<N>.json when --out is given.
-Exit status 0 means every rank finished; tests/pipeline/test_slurm.py submits it to a real single-node SLURM.
+Exit status 0 means every rank finished; tests/pretraining/test_slurm.py submits it to a real single-node SLURM.
 """
 from __future__ import annotations
 
@@ -21,14 +21,13 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from pipeline.strategies import build_strategy  # noqa: E402
+from pipeline.core.strategies import build_strategy  # noqa: E402
 
 
 class TinyRegression(pl.LightningModule):
@@ -55,7 +54,7 @@ class TinyRegression(pl.LightningModule):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="directory for rank<N>.json")
-    parser.add_argument("--strategy", type=Path, default=REPO_ROOT / "conf" / "strategy" / "ddp.yaml")
+    parser.add_argument("--strategy", type=Path, default=REPO_ROOT / "conf" / "training" / "strategy" / "ddp.yaml")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep in each training step")
     parser.add_argument("--root-dir", type=Path, default=None,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
-from pipeline.checkpoint_files import PARTIAL_PREFIX, PARTIAL_SUFFIX
+from pipeline.core.checkpoint_files import PARTIAL_PREFIX, PARTIAL_SUFFIX
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,28 +1,21 @@
-"""What a finished run leaves besides checkpoints: a Hugging Face export and a plot of its training curves.
-
-    <output_dir>/hf_export/   config.json, model.safetensors, vocab.txt, tokenizer files: loads with
-                              transformers.BertForPreTraining.from_pretrained (and AutoTokenizer) offline
-    <output_dir>/curves.png   MLM / NSP / total loss and MLM / NSP accuracy against the optimizer step, from the
-                              CSV log (csv/metrics.csv)
-"""
+"""Training curves from a run's CSV log (<output_dir>/csv/metrics.csv), as a PNG beside it: pre-training's losses and
+accuracies, fine-tuning's training loss and evaluation scores. One reader, one plotter."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from pathlib import Path
 
-from model import BertForPreTraining
-from model.hf_conversion import export_hf
-
-HF_EXPORT_DIR = "hf_export"
 PLOT_NAME = "curves.png"
-LOSS_COLUMNS = ("train/loss", "train/mlm_loss", "train/nsp_loss")
-ACCURACY_COLUMNS = ("train/mlm_acc", "train/nsp_acc")
 
 
-def export_model(model: BertForPreTraining, output_dir: str | Path, shard_dir: str | Path) -> Path:
-    """The HF export of `model` with the tokenizer of the shard set it was trained on (vocab.txt, tokenizer.json)."""
-    return export_hf(model, Path(output_dir) / HF_EXPORT_DIR, shard_dir)
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    title: str
+    columns: tuple[str, ...]          # CSV columns drawn in this panel, in this order
+    markers: bool = False             # evaluation points (few, far apart) rather than a dense curve
+    unit_interval: bool = False       # accuracies: the y axis from 0 to 1
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -46,27 +39,31 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {column: sorted(values.items()) for column, values in by_column.items()}
 
 
-def plot_curves(csv_path: str | Path, out_path: str | Path) -> Path:
+def plot_curves(metrics: dict[str, list[tuple[int, float]]], out_path: str | Path, panels: list[Panel], title: str,
+                strip_prefix: str = "") -> Path:
+    """One panel per Panel, side by side, each metric (read_metrics' columns) against the optimizer step; columns
+    the log lacks are left out. strip_prefix is taken off the column names in the legends ("train/")."""
     import matplotlib
     matplotlib.use("Agg")   # files only; never a display
     import matplotlib.pyplot as plt
 
-    metrics = read_metrics(csv_path)
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    for ax, columns, title in ((loss_ax, LOSS_COLUMNS, "loss"), (acc_ax, ACCURACY_COLUMNS, "accuracy")):
-        for column in columns:
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), constrained_layout=True, squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for column in panel.columns:
             points = metrics.get(column)
             if points:
                 steps, values = zip(*points)
                 # Lightning logs a step's metrics under the number of steps done before it: +1 is the step count.
-                ax.plot([s + 1 for s in steps], values, label=column.removeprefix("train/"))
+                ax.plot([s + 1 for s in steps], values, marker="o" if panel.markers else None,
+                        label=column.removeprefix(strip_prefix))
         ax.set_xlabel("optimizer step")
-        ax.set_title(title)
+        ax.set_title(panel.title)
         ax.grid(alpha=0.3)
+        if panel.unit_interval:
+            ax.set_ylim(0, 1)
         if ax.has_data():
             ax.legend()
-    acc_ax.set_ylim(0, 1)
-    fig.suptitle(f"BERT pre-training: {Path(csv_path).parent.parent.name}")
+    fig.suptitle(title)
     out_path = Path(out_path)
     fig.savefig(out_path, dpi=100)
     plt.close(fig)

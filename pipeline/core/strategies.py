@@ -1,9 +1,10 @@
-"""Training strategies: a `conf/strategy/*.yaml` file (+ trainer, data and optimizer settings) -> a Lightning strategy.
+"""Training strategies: a `conf/training/strategy/*.yaml` file (+ trainer, data and optimizer settings) -> a Lightning strategy.
 
     auto                     -> "auto" (Lightning picks: one device, or DDP)
     ddp                      -> DDPStrategy, gloo on CPU / nccl on CUDA, find_unused_parameters=False
     deepspeed_stage_{1,2,3}, deepspeed_stage_{2,3}_offload
                              -> DeepSpeedStrategy(config=<full DeepSpeed config>), or CPUDeepSpeedStrategy on CPU
+                                (pipeline/core/cpu_deepspeed.py)
 
 The DeepSpeed config is built by `deepspeed_config`, a pure function, from one place each:
     ZeRO section, buckets, offload      <- the strategy file (`zero_optimization`, verbatim)
@@ -24,28 +25,25 @@ config holds the optimizer, Lightning does not call `configure_optimizers`, so n
 exist. WarmupDecayLR with warmup_type linear is BERT's schedule (linear warm-up from 0 to lr, linear decay to 0 at
 `total_steps`). Lightning takes the DeepSpeed scheduler over and steps it once per optimizer step, after
 gradient accumulation, so `total_steps` counts optimizer steps like trainer.max_steps. It is set up so that
-optimizer step k (0-based) runs at lr * factor(k) exactly as google-research/bert and pipeline/optim.py do
+optimizer step k (0-based) runs at lr * factor(k) exactly as google-research/bert and pipeline/core/optim.py do
 (k / warmup, then (total - k) / (total - warmup)): the optimizer section starts at lr 0.0 (= factor(0)) and the
 scheduler at `last_batch_iteration: 0`; DeepSpeed's default start (-1) would lag the reference by one step.
 
 Caveat: DeepSpeed's config optimizer gets one parameter group, so weight decay also applies to biases and
 LayerNorm weights (the reference excludes them). `optimizer_in_ds_config: false` leaves optimizer and scheduler to
-`configure_optimizers` (pipeline/optim.py: no-decay groups, any schedule).
+`configure_optimizers` (pipeline/core/optim.py: no-decay groups, any schedule).
 """
 from __future__ import annotations
 
-import argparse
-import functools
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.seed import reset_seed
-from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
+
+from pipeline.core.cpu_deepspeed import CPUDeepSpeedStrategy
 
 STRATEGY_NAMES = ("auto", "ddp", "deepspeed")
 
@@ -216,7 +214,7 @@ def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_v
 def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
                    micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
                    accelerator: str = "auto") -> str | pl.strategies.Strategy:
-    """The Lightning strategy for a `conf/strategy/*.yaml` config. Pass the same precision, gradient_clip_val and
+    """The Lightning strategy for a `conf/training/strategy/*.yaml` config. Pass the same precision, gradient_clip_val and
     accumulate_grad_batches to the Trainer: Lightning sets `gradient_accumulation_steps` in the DeepSpeed config
     itself (from Trainer(accumulate_grad_batches)) and refuses a config that already has it, so it is left out here.
     """
@@ -240,70 +238,3 @@ def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         return CPUDeepSpeedStrategy(config=config, process_group_backend="gloo")
     return DeepSpeedStrategy(config=config, process_group_backend="nccl")
-
-
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy on CPU processes (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, gloo).
-
-    Lightning assumes CUDA in exactly three places; each override below lifts one of them when the device is the
-    CPU and defers to Lightning otherwise, so this class behaves exactly like its parent on GPUs:
-      1. `setup_environment` refuses any accelerator that is not a CUDAAccelerator.
-      2. `setup_distributed` calls `_validate_device_index_selection`, which wants devices cuda:0..n-1 (a CPU
-         device has no index).
-      3. `deepspeed.initialize` gets `args.device_rank = self.root_device.index`, None on CPU, which DeepSpeed
-         compares with 0 (TypeError), in both the fit (`_setup_model_and_optimizer`) and the inference
-         (`_initialize_deepspeed_inference`) set-up. The local rank is passed instead: with a negative rank
-         DeepSpeed would assume a world of one and not partition anything.
-    """
-
-    strategy_name = "deepspeed_cpu"
-
-    def _on_cpu(self) -> bool:
-        return self.root_device.type == "cpu"
-
-    def setup_environment(self) -> None:
-        if isinstance(self.accelerator, CPUAccelerator):
-            super(DeepSpeedStrategy, self).setup_environment()   # DDPStrategy's: device set-up + setup_distributed
-        else:
-            super().setup_environment()
-
-    def setup_distributed(self) -> None:
-        if not self._on_cpu():
-            return super().setup_distributed()
-        # DeepSpeedStrategy.setup_distributed without the CUDA device-index check
-        reset_seed()
-        self.set_world_ranks()
-        self._init_deepspeed_distributed()
-
-    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):  # type: ignore[no-untyped-def]
-        with self._device_rank_from_local_rank():
-            return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
-
-    def _initialize_deepspeed_inference(self, model) -> None:  # type: ignore[no-untyped-def]
-        with self._device_rank_from_local_rank():
-            super()._initialize_deepspeed_inference(model)
-
-    @contextmanager
-    def _device_rank_from_local_rank(self) -> Iterator[None]:
-        """While Lightning's own set-up code runs, give `deepspeed.initialize` the local rank as `device_rank` where
-        Lightning passes None (the CPU device's index). Wrapping the call, rather than copying Lightning's two
-        set-up methods, keeps everything else they do (and any later change to them) intact."""
-        import deepspeed
-
-        if not self._on_cpu():
-            yield
-            return
-        initialize, local_rank = deepspeed.initialize, self.local_rank
-
-        @functools.wraps(initialize)
-        def initialize_with_device_rank(*args: Any, **kwargs: Any) -> Any:
-            namespace = kwargs.get("args")
-            if namespace is not None and getattr(namespace, "device_rank", 0) is None:
-                kwargs["args"] = argparse.Namespace(**{**vars(namespace), "device_rank": local_rank})
-            return initialize(*args, **kwargs)
-
-        deepspeed.initialize = initialize_with_device_rank
-        try:
-            yield
-        finally:
-            deepspeed.initialize = initialize

@@ -1,6 +1,13 @@
-"""What `init=` names, resolved to an encoder's weights, its config, its tokenizer and (maybe) a task head.
+"""The one weight loader: whatever checkpoint a user names, resolved to an encoder's weights, its config, its tokenizer
+and its other tensors; and those weights put into a pre-training model (phase 2 from phase 1, the export) or a task
+model (fine-tuning, feature extraction).
 
-Every downstream stage (fine-tuning, feature extraction) starts here, whatever the user has:
+    load_pretrained(path)                   -> Pretrained (encoder, heads, config, tokenizer), from any format below
+    load_pretraining_weights(model, path)   BertForPreTraining: encoder and both heads, every tensor, strictly
+    load_pretraining_model(path)            the same, into a model built from the checkpoint's own config
+    load_into_task_model(model, pretrained) a task model: the encoder always, the head only when one fits
+
+The formats:
 
     a Hugging Face directory      config.json + model.safetensors or pytorch_model.bin: our hf_export/, a fine-tuned
                                   export of ours, or any BERT (a downloaded bert-base-uncased); its vocab.txt /
@@ -12,8 +19,8 @@ Every downstream stage (fine-tuning, feature extraction) starts here, whatever t
                                   consolidated to fp32 with DeepSpeed's zero_to_fp32
 
 The encoder is BertModel's state dict (the pooler may be absent: some exports have none). `head_state` holds every
-other tensor under transformers' names (a fine-tuned classifier, or pre-training's heads); a task model takes the
-ones that fit it.
+other tensor: under transformers' names from a Hugging Face directory ("cls.predictions.bias", "classifier.weight"),
+under the module's own from our checkpoints ("mlm_head.dense.weight", "classifier.weight").
 """
 from __future__ import annotations
 
@@ -23,12 +30,14 @@ from pathlib import Path
 
 import torch
 
-from model import BertConfig
+from model import BertConfig, BertForPreTraining
+from model.hf_files import HF_WEIGHT_FILES
 
 log = logging.getLogger(__name__)
 
-HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+CHECKPOINT_DIR = "checkpoints"             # a pre-training run's checkpoints, under its output directory
+LAST_CHECKPOINT = Path(CHECKPOINT_DIR) / "last.ckpt"
+HF_EXPORT_DIR = "hf_export"                # a run's Hugging Face export, under its output directory
 
 
 @dataclasses.dataclass
@@ -44,8 +53,9 @@ class Pretrained:
         return "pooler.dense.weight" in self.encoder_state
 
 
-def load_pretrained(init: str | Path, tokenizer: str | Path | None = None) -> Pretrained:
-    """Resolve `init` (see the module docstring); `tokenizer` overrides where the vocabulary comes from."""
+def load_pretrained(init: str | Path, tokenizer: str | Path | None = None, find_tokenizer: bool = True) -> Pretrained:
+    """Resolve `init` (see the module docstring); `tokenizer` overrides where the vocabulary comes from;
+    find_tokenizer=False skips looking for one (pre-training needs the weights only)."""
     path = Path(init).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"init={init} does not exist: give a pre-training run directory, a .ckpt, a DeepSpeed "
@@ -53,13 +63,13 @@ def load_pretrained(init: str | Path, tokenizer: str | Path | None = None) -> Pr
     if _is_hf_dir(path):
         pretrained = _from_hf_dir(path)
     elif _is_deepspeed_dir(path):
-        pretrained = _from_deepspeed_dir(path)
+        pretrained = _from_deepspeed_dir(path, find_tokenizer)
     elif path.is_file():
-        pretrained = _from_lightning_file(path)
+        pretrained = _from_lightning_file(path, find_tokenizer)
     elif (path / LAST_CHECKPOINT).exists():
-        pretrained = load_pretrained(path / LAST_CHECKPOINT)
-    elif _is_hf_dir(path / "hf_export"):
-        pretrained = _from_hf_dir(path / "hf_export")
+        pretrained = load_pretrained(path / LAST_CHECKPOINT, find_tokenizer=find_tokenizer)
+    elif _is_hf_dir(path / HF_EXPORT_DIR):
+        pretrained = _from_hf_dir(path / HF_EXPORT_DIR)
     else:
         raise ValueError(f"init={init} is a directory but holds no weights this pipeline knows: expected config.json "
                          f"with one of {', '.join(HF_WEIGHT_FILES)}, a pre-training run ({LAST_CHECKPOINT} or "
@@ -80,7 +90,8 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def _from_hf_dir(path: Path) -> Pretrained:
-    from model.hf_conversion import config_from_hf, encoder_state_from_hf, read_hf_checkpoint
+    from model.hf_conversion import config_from_hf, encoder_state_from_hf
+    from model.hf_files import read_hf_checkpoint
 
     hf_config, hf_state = read_hf_checkpoint(path)
     if hf_config.get("model_type", "bert") != "bert":
@@ -98,7 +109,7 @@ def _is_deepspeed_dir(path: Path) -> bool:
     return path.is_dir() and (path / "latest").is_file() and any(path.glob("*/mp_rank_*_model_states.pt"))
 
 
-def _from_deepspeed_dir(path: Path) -> Pretrained:
+def _from_deepspeed_dir(path: Path, find_tokenizer: bool) -> Pretrained:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     tag = (path / "latest").read_text().strip()
@@ -107,16 +118,16 @@ def _from_deepspeed_dir(path: Path) -> Pretrained:
                               weights_only=False)
     config = _model_config_of(client_state, path)
     state = get_fp32_state_dict_from_zero_checkpoint(str(path))
-    return _split_module_state(f"DeepSpeed checkpoint {path}", config, state, _run_dir_of(path))
+    return _split_module_state(f"DeepSpeed checkpoint {path}", config, state, _run_dir_of(path), find_tokenizer)
 
 
-def _from_lightning_file(path: Path) -> Pretrained:
+def _from_lightning_file(path: Path, find_tokenizer: bool) -> Pretrained:
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ValueError(f"{path} is not a Lightning checkpoint of this pipeline (no state_dict); for other PyTorch "
                          "weights give the Hugging Face directory they belong to")
     return _split_module_state(f"Lightning checkpoint {path}", _model_config_of(checkpoint, path),
-                               checkpoint["state_dict"], _run_dir_of(path))
+                               checkpoint["state_dict"], _run_dir_of(path), find_tokenizer)
 
 
 def _model_config_of(checkpoint: dict, path: Path) -> BertConfig:
@@ -127,20 +138,20 @@ def _model_config_of(checkpoint: dict, path: Path) -> BertConfig:
 
 
 def _split_module_state(source: str, config: BertConfig, module_state: dict[str, torch.Tensor],
-                        run_dir: Path | None) -> Pretrained:
+                        run_dir: Path | None, find_tokenizer: bool) -> Pretrained:
     """A LightningModule's state dict ("model.bert.*", "model.<head>.*") -> encoder and head tensors."""
     state = {key.removeprefix("model."): value for key, value in module_state.items()}
     encoder = {key.removeprefix("bert."): value for key, value in state.items() if key.startswith("bert.")}
     if not encoder:
         raise ValueError(f"{source} holds no BERT encoder weights (no model.bert.* tensors)")
     heads = {key: value for key, value in state.items() if not key.startswith("bert.")}
-    return Pretrained(source, config, encoder, heads, _tokenizer_of_run(run_dir))
+    return Pretrained(source, config, encoder, heads, _tokenizer_of_run(run_dir) if find_tokenizer else None)
 
 
 def _run_dir_of(checkpoint_path: Path) -> Path | None:
     """The run a checkpoint belongs to: <run>/checkpoints/x.ckpt, or <run>/hpc_ckpt_N.ckpt (SLURM requeue)."""
     for candidate in (checkpoint_path.parent.parent, checkpoint_path.parent):
-        if (candidate / ".hydra").is_dir() or (candidate / "hf_export").is_dir():
+        if (candidate / ".hydra").is_dir() or (candidate / HF_EXPORT_DIR).is_dir():
             return candidate
     return None
 
@@ -149,8 +160,8 @@ def _tokenizer_of_run(run_dir: Path | None) -> Path | None:
     """A run's tokenizer: its hf_export/ (a copy of the shard set's), else the shard set named in its config."""
     if run_dir is None:
         return None
-    if (run_dir / "hf_export" / "vocab.txt").is_file():
-        return run_dir / "hf_export"
+    if (run_dir / HF_EXPORT_DIR / "vocab.txt").is_file():
+        return run_dir / HF_EXPORT_DIR
     hydra_config = run_dir / ".hydra" / "config.yaml"
     if hydra_config.is_file():
         from omegaconf import OmegaConf
@@ -163,3 +174,72 @@ def _tokenizer_of_run(run_dir: Path | None) -> Path | None:
     log.warning("found no tokenizer for the run %s (no hf_export/vocab.txt, no shard set in .hydra/config.yaml)",
                 run_dir)
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# into a pre-training model
+
+def load_pretraining_weights(model: BertForPreTraining, path: str | Path) -> None:
+    """Every tensor of `model` (encoder, pooler, MLM and NSP heads) from the checkpoint at `path`, in any format
+    load_pretrained reads; refuses a checkpoint that lacks any of them or holds others (another model size, a
+    fine-tuned model)."""
+    from model.hf_conversion import pretraining_heads_from_hf
+
+    pretrained = load_pretrained(path, find_tokenizer=False)
+    heads = pretrained.head_state
+    if any(name.startswith("cls.") for name in heads):   # a Hugging Face directory: transformers' head names
+        heads = pretraining_heads_from_hf(heads)
+    state = {**{f"bert.{name}": tensor for name, tensor in pretrained.encoder_state.items()}, **heads}
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as error:   # a tensor of another shape: another model size
+        raise ValueError(f"{path} does not hold this model's weights (model {model.config}): {error}") from None
+    missing = [name for name in missing if name != "mlm_head.decoder.weight"]   # tied: the word embedding
+    if missing or unexpected:
+        raise ValueError(f"{path} does not hold this model's weights: missing {missing[:5]}, unexpected "
+                         f"{unexpected[:5]} (model {model.config})")
+
+
+def load_pretraining_model(path: str | Path) -> BertForPreTraining:
+    """A BertForPreTraining of the checkpoint's own config, holding its weights."""
+    model = BertForPreTraining(load_pretrained(path, find_tokenizer=False).config)
+    load_pretraining_weights(model, path)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# into a task model
+#
+# The encoder must match exactly (a missing or misshapen tensor stops the run: fine-tuning from half-loaded weights
+# would be quietly worse). A checkpoint without a pooler (some exports have none) leaves the pooler at its random
+# initialisation, as transformers does, and says so. The head is taken from the checkpoint only when every head tensor
+# is there with the right shape (resuming from a fine-tuned model of the same task); otherwise it starts fresh, as
+# the paper's heads do.
+
+def load_into_task_model(model: torch.nn.Module, pretrained: Pretrained) -> str:
+    """Load what fits; returns what was loaded, for logs and metrics.json."""
+    encoder_state = dict(pretrained.encoder_state)
+    if model.bert.pooler is None:   # span and token heads read every token, not the pooled [CLS]: no pooler
+        encoder_state = {k: v for k, v in encoder_state.items() if not k.startswith("pooler.")}
+    try:
+        missing, unexpected = model.bert.load_state_dict(encoder_state, strict=False)
+    except RuntimeError as error:   # a tensor of another shape: another model size
+        raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: {error}") from None
+    pooler_missing = sorted(k for k in missing if k.startswith("pooler."))
+    missing = [k for k in missing if not k.startswith("pooler.")]
+    if missing or unexpected:
+        raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+    parts = ["encoder"]
+    if pooler_missing and model.bert.pooler is not None:
+        parts.append("pooler left at random initialisation (not in the checkpoint)")
+
+    head = {name: param for name, param in model.state_dict().items() if not name.startswith("bert.")}
+    fits = all(name in pretrained.head_state and pretrained.head_state[name].shape == tensor.shape
+               for name, tensor in head.items())
+    if head and fits:
+        model.load_state_dict({name: pretrained.head_state[name] for name in head}, strict=False)
+        parts.append(f"task head ({', '.join(sorted(head))})")
+    elif head:   # an encoder without a head (feature extraction) has none to start fresh
+        parts.append("new task head")
+    return "; ".join(parts)

@@ -4,8 +4,8 @@
     for sentence in extractor.extract(records, report):   # in input order
         sentence.pooled["mean"]["layer_-1"]                # (C,) numpy
 
-The weights and the tokenizer come from `init=` exactly as fine-tuning takes them (pipeline/finetuning/pretrained.py,
-tokenizer.py, weights.py), so extraction accepts every checkpoint fine-tuning does. Sentences are featurized by
+The weights and the tokenizer come from `init=` exactly as fine-tuning takes them (pipeline/core/weights.py,
+pipeline/finetuning/tokenizer.py), so extraction accepts every checkpoint fine-tuning does. Sentences are featurized by
 fine-tuning's sentence_features ([CLS] a [SEP] (b [SEP]), the reference's truncation) and batched by its eval_loader:
 a chunk of records at a time, shortest first, each batch padded to its own longest sequence, then put back in input
 order. Memory is bounded by the chunk, whatever the size of the input.
@@ -72,9 +72,8 @@ class Extractor:
                   **settings) -> "Extractor":
         """The encoder of `init` (anything fine-tuning's init= takes). layers: indices as layers.py reads them;
         None for every hidden state, embeddings first (what the probe combines)."""
-        from pipeline.finetuning.pretrained import load_pretrained
+        from pipeline.core.weights import load_into_task_model, load_pretrained
         from pipeline.finetuning.tokenizer import load_tokenizer
-        from pipeline.finetuning.weights import load_into_task_model
 
         pretrained = load_pretrained(init, tokenizer)
         config = pretrained.config

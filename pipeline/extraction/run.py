@@ -1,61 +1,41 @@
-"""Entry point: per-layer feature vectors of any BERT checkpoint fine-tuning accepts, for a file of sentences.
+"""The two feature programs as functions: `extract_features(cfg)` (pipeline/extract_features.py: per-layer vectors of
+a file of sentences) and `run_probe(cfg)` (pipeline/probe.py: how much of SST-2's sentiment a linear classifier reads
+off each layer combination of a frozen BERT).
 
-    python pipeline/extract_features.py init=outputs/train/demo input=sentences.txt layers=[-1,-2,-3,-4]
-    python pipeline/extract_features.py init=<run> input=pipeline/finetuning/sample_data/SST-2/dev.tsv \
-        column=sentence combinations=[sum_last_four,concat_last_four] per_token=false output_format=numpy
-    python pipeline/extract_features.py init=<run> input=in.txt output_format=jsonl   # the reference's layout
-
-A run writes features.parquet (or features/ for numpy, features.jsonl) and report.json into its output directory:
-what was extracted, skipped (empty lines, bad records), repaired (lines that were not UTF-8) and truncated, with the
-first line numbers of each. `extract_features(cfg)` is the same run as a function. See pipeline/extraction/.
+extract_features writes features.parquet (or features/ for numpy, features.jsonl) and report.json into its output
+directory: what was extracted, skipped (empty lines, bad records), repaired (lines that were not UTF-8) and truncated,
+with the first line numbers of each. run_probe writes probe.md (a table: layer combination x pooling -> test
+accuracy), probe.json and probe.png (a bar chart).
 """
 from __future__ import annotations
 
 import json
 import logging
-import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import InterpolationResolutionError  # noqa: E402
+from pipeline.core import app
+from pipeline.extraction import probe
+from pipeline.extraction.extractor import Extractor
+from pipeline.extraction.inputs import InputReport, count_records, detect_format, read_records
+from pipeline.extraction.writers import open_writer
+from pipeline.finetuning.tasks import get_task
 
-CONFIG_DIR = REPO_ROOT / "conf"
 OUTPUT_NAMES = {"parquet": "features.parquet", "numpy": "features", "jsonl": "features.jsonl"}
-log = logging.getLogger("pipeline.extract_features")
-
-
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config `python pipeline/extract_features.py <overrides>` would run (pass output_dir=...)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="extract_features", overrides=list(overrides))
+log = logging.getLogger("pipeline.extraction")
 
 
 def extract_features(cfg: DictConfig) -> dict[str, Any]:
     """Run as `cfg` says; returns the report written to report.json, with "output" (the features' path)."""
-    import torch
-    from tqdm import tqdm
-
-    from pipeline.extraction.extractor import Extractor
-    from pipeline.extraction.inputs import InputReport, count_records, detect_format, read_records
-    from pipeline.extraction.writers import open_writer
-
     for key in ("init", "input"):
         if not cfg.get(key):
             raise ValueError(f"{key}= is required: init= the weights (as fine-tuning takes them), input= the text")
-    try:
-        output_dir = Path(cfg.output_dir).resolve()
-    except (InterpolationResolutionError, ValueError) as error:
-        raise ValueError("output_dir is not set: pass output_dir=<directory> when calling extract_features()") \
-            from error
+    output_dir = app.output_dir(cfg, "extract_features")
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
     fmt = str(cfg.output_format)
@@ -100,15 +80,56 @@ def extract_features(cfg: DictConfig) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(config_path="../conf", config_name="extract_features", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    summary = extract_features(cfg)
+def read_sst2_sentences(data_dir: str | Path, count: int, cache_dir: str | None = None) -> tuple[list[str], list[int]]:
+    """The first `count` sentences of SST-2's training split and their labels, through the task's own reader."""
+    task = get_task("sst2")
+    path = Path(data_dir).expanduser()
+    if not (path / task.splits["train"]).is_file():
+        raise FileNotFoundError(f"no SST-2 {task.splits['train']} in {path}: pass data_dir=<an SST-2 folder>")
+    rows = task.read("train", str(path), cache_dir=cache_dir)
+    if len(rows) < count:
+        raise ValueError(f"{path} holds {len(rows):,} training sentences, fewer than sentences={count:,}")
+    rows = rows.select(range(count))
+    return list(rows["text_a"]), [int(label) for label in rows["label"]]
+
+
+def run_probe(cfg: DictConfig) -> dict[str, Any]:
+    """Run as `cfg` says; returns what probe.json holds, with the table."""
+    if not cfg.get("init"):
+        raise ValueError("init= is required: the weights to probe (anything fine-tuning's init= takes)")
+    output_dir = app.output_dir(cfg, "probe")
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    texts, labels = read_sst2_sentences(cfg.data_dir, int(cfg.sentences), cfg.get("cache_dir"))
+    extractor = Extractor.from_init(str(cfg.init), layers=None, tokenizer=cfg.get("tokenizer"),
+                                    poolings=list(cfg.pooling), per_token=False,
+                                    max_seq_length=int(cfg.max_seq_length), batch_size=int(cfg.batch_size))
+    result = probe.probe(probe.embed(extractor, texts, labels), int(cfg.seed), float(cfg.test_fraction))
+    result["table"] = probe.table(result["accuracy"])
+    result["settings"] = {"init": extractor.source, "data_dir": str(cfg.data_dir), "sentences": len(texts),
+                          "test_fraction": float(cfg.test_fraction), "seed": int(cfg.seed)}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "probe.md").write_text(result["table"] + "\n", encoding="utf-8")
+    (output_dir / "probe.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    result["chart"] = str(probe.bar_chart(
+        result["accuracy"], output_dir / "probe.png",
+        f"SST-2 linear probe: {len(texts):,} sentences, {result['train']:,} train / {result['test']:,} test"))
+    result["output_dir"] = str(output_dir)
+    return result
+
+
+def extraction_summary(summary: dict[str, Any]) -> str:
+    """The lines `python pipeline/extract_features.py` prints at the end."""
     counts = summary["counts"]
     outcomes = ", ".join(f"{key} {counts[key]:,}" for key in ("empty", "repaired", "truncated", "bad_record")
                          if counts.get(key))
-    print(f"{summary['sentences']:,} sentences ({summary['sentences_per_second']:,} /s) -> {summary['output']}"
-          + (f"\n{outcomes} (first line numbers in report.json)" if outcomes else ""))
+    return (f"{summary['sentences']:,} sentences ({summary['sentences_per_second']:,} /s) -> {summary['output']}"
+            + (f"\n{outcomes} (first line numbers in report.json)" if outcomes else ""))
 
 
-if __name__ == "__main__":
-    main()
+def probe_summary(result: dict[str, Any]) -> str:
+    """The lines `python pipeline/probe.py` prints at the end."""
+    return (f"SST-2 probe ({result['train']:,} train / {result['test']:,} test sentences, {result['settings']['init']})"
+            f"\n\n{result['table']}\n\nlearned scalar-mix weights (embeddings first): "
+            + "; ".join(f"{p} {w}" for p, w in result["mix_weights"].items())
+            + f"\noutputs in {result['output_dir']}")

@@ -20,8 +20,9 @@ import datasets
 import numpy as np
 import torch
 
+from model.bert import IGNORE_INDEX
+
 MEGABATCH_BATCHES = 50
-IGNORE_INDEX = -100   # model.bert.IGNORE_INDEX: a token label that takes no part in the loss
 
 
 class FeatureRows(torch.utils.data.Dataset):

@@ -10,11 +10,11 @@ this module's FEATURES_VERSION, so a second run with the same inputs starts at o
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import datasets
 
+from pipeline.finetuning.fingerprint import cache_key
 from pipeline.finetuning.tokenizer import LoadedTokenizer
 
 FEATURES_VERSION = 1   # bump when the features change for the same inputs (invalidates the cache)
@@ -94,9 +94,7 @@ def featurize(rows: datasets.Dataset, kind: str, tokenizer: LoadedTokenizer, max
     shapes them."""
     if max_seq_length < 4:
         raise ValueError(f"max_seq_length must be at least 4 ([CLS] a [SEP] b [SEP]), got {max_seq_length}")
-    fingerprint = hashlib.sha256(
-        f"{rows._fingerprint}|{kind}|{tokenizer.fingerprint}|{max_seq_length}|{FEATURES_VERSION}".encode()
-    ).hexdigest()[:16]
+    fingerprint = cache_key(rows._fingerprint, kind, tokenizer.fingerprint, max_seq_length, FEATURES_VERSION)
     keep = {"idx", "label"}
     return rows.map(FEATURIZERS[kind], batched=True, batch_size=1000,
                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},

@@ -15,8 +15,8 @@ import pytorch_lightning as pl
 import torch
 
 from model import BertConfig
-from pipeline.optim import build_optimizer, build_scheduler
-from pipeline.tasks import get_task
+from pipeline.core.optim import build_optimizer, build_scheduler
+from pipeline.finetuning.tasks import get_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -60,8 +60,8 @@ def per_token_kind(kind: str) -> bool:
 class FinetuneModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], task: str, optimizer: dict[str, Any], scheduler: dict[str, Any],
                  total_steps: int, eval_splits: list[str]):
-        """model_config: BertConfig fields (dropout as fine-tuning wants it); task: a name of pipeline.tasks;
-        optimizer / scheduler: configs for pipeline/optim.py; total_steps: optimizer steps of the whole run (where
+        """model_config: BertConfig fields (dropout as fine-tuning wants it); task: a name of pipeline.finetuning.tasks;
+        optimizer / scheduler: configs for pipeline/core/optim.py; total_steps: optimizer steps of the whole run (where
         the schedule reaches 0); eval_splits: names of the validation dataloaders, in order."""
         super().__init__()
         self.save_hyperparameters()

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.loggers import csv_metrics_path
+from pipeline.core.curves import PLOT_NAME, Panel, plot_curves, read_metrics
+from pipeline.core.loggers import csv_metrics_path
+from pipeline.core.weights import HF_EXPORT_DIR
 
 METRICS_FILE = "metrics.json"
 PREDICTIONS_DIR = "predictions"
 SUBMISSION_DIR = "glue_submission"
-HF_EXPORT_DIR = "hf_export"
-PLOT_NAME = "curves.png"
 
 
 def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: dict, test_predictions: dict,
@@ -41,7 +41,7 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
                                  evaluation.labels)
         files[f"predictions/{split}"] = str(path)
     if test_predictions:
-        from pipeline.tasks.submission import write_submission
+        from pipeline.finetuning.tasks.submission import write_submission
 
         for split, (rows, predictions) in test_predictions.items():
             if task.submission_file(split) is None:   # SWAG's test set: no leaderboard file format here
@@ -50,7 +50,7 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
                                     output_dir / SUBMISSION_DIR)
             files[f"submission/{split}"] = str(path)
     if export_hf:
-        from model.hf_conversion import export_hf_task
+        from model.hf_files import export_hf_task
 
         id2label = (dict(enumerate(task.label_names)) if task.label_names and task.kind in ("classification", "token")
                     else None)
@@ -86,28 +86,10 @@ def write_predictions(path: Path, task, idx: np.ndarray, predictions: np.ndarray
 
 
 def plot_finetune_curves(csv_path: Path, out_path: Path, task_name: str, main_metric: str) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")   # files only; never a display
-    import matplotlib.pyplot as plt
-
-    from pipeline.export import read_metrics
-
+    """The training loss per step, and each evaluation's main metric and loss."""
     metrics = read_metrics(csv_path)
-    fig, (loss_ax, dev_ax) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    if metrics.get("train/loss"):
-        steps, values = zip(*metrics["train/loss"])
-        loss_ax.plot([s + 1 for s in steps], values, label="train loss")
-    for column, points in sorted(metrics.items()):
-        if column.endswith(f"/{main_metric}") or column.endswith("/loss") and not column.startswith("train/"):
-            steps, values = zip(*points)
-            dev_ax.plot([s + 1 for s in steps], values, marker="o", label=column)
-    for ax, title in ((loss_ax, "training loss"), (dev_ax, f"evaluation ({main_metric}, loss)")):
-        ax.set_xlabel("optimizer step")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        if ax.has_data():
-            ax.legend()
-    fig.suptitle(f"BERT fine-tuning: {task_name}")
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
-    return out_path
+    evaluated = tuple(sorted(column for column in metrics if column.endswith(f"/{main_metric}")
+                             or column.endswith("/loss") and not column.startswith("train/")))
+    panels = [Panel("training loss", ("train/loss",)),
+              Panel(f"evaluation ({main_metric}, loss)", evaluated, markers=True)]
+    return plot_curves(metrics, out_path, panels, f"BERT fine-tuning: {task_name}")

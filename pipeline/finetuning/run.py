@@ -1,198 +1,47 @@
-"""Entry point: fine-tune a BERT checkpoint on a GLUE task, SWAG, SQuAD v1.1 or CoNLL-2003, evaluate, export.
-
-    python pipeline/finetune.py task=sst2 init=<pre-training run dir>       # the bundled SST-2 sample on the CPU
-    GLUE_DIR=/data/glue python pipeline/finetune.py task=mnli init=/models/bert-base-uncased trainer.accelerator=gpu
-    python pipeline/finetune.py -m task=rte init=... optimizer.lr=5e-5,4e-5,3e-5,2e-5 seed=1,2,3   # the paper's sweep
-    python pipeline/finetune.py -m hydra/launcher=submitit_slurm ... # the same sweep as SLURM jobs
-    python pipeline/sweep_summary.py outputs/finetune/multirun/<date>/<time>   # best dev score per task
+"""A fine-tuning run: `finetune(cfg)` fine-tunes the weights of `init=` on a GLUE task, SWAG, SQuAD v1.1 or
+CoNLL-2003 (checked first: pipeline/finetuning/checks.py), evaluates, predicts the test splits and writes its
+outputs (pipeline/finetuning/outputs.py). `python pipeline/finetune.py` is this function under Hydra.
 
 A run leaves in its output directory: metrics.json (dev metrics, data and truncation counts, settings),
 predictions/<split>.tsv (dev predictions beside the gold labels; SQuAD's predictions.json / nbest_predictions.json
 and NER's CoNLL file under predictions/<split>/), glue_submission/<Task>.tsv (leaderboard files, when the task's
 test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
 BertForSequenceClassification / BertForMultipleChoice with id2label, and the tokenizer), and Hydra's .hydra/.
-
-`finetune(cfg)` is the same run as a function (tests call it). Everything that can be checked is checked before
-training: the task, the data files, the weights, that the tokenizer fits the weights, the batch and lengths.
 """
 from __future__ import annotations
 
 import inspect
 import logging
 import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
+import pytorch_lightning as pl
+from omegaconf import DictConfig, OmegaConf
 
-from data_prep.known_noise import silence_known_noise  # noqa: E402
+from pipeline.core.loggers import build_loggers, finish_wandb, wandb_environment
+from pipeline.core.optim import warmup_steps_of
+from pipeline.core.weights import load_into_task_model
+from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
+from pipeline.finetuning.checks import FinetuneChecks
+from pipeline.finetuning.features import featurize, truncation_report
+from pipeline.finetuning.module import FinetuneModule, gather_predictions, per_token_kind
+from pipeline.finetuning.outputs import write_run_outputs
 
-silence_known_noise()   # before Lightning's import prints what is known to be harmless
+log = logging.getLogger("pipeline.finetuning")
 
-import hydra  # noqa: E402
-import pytorch_lightning as pl  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import InterpolationResolutionError  # noqa: E402
-
-from model import BertConfig  # noqa: E402
-from pipeline.loggers import build_loggers, check_logger_config, finish_wandb  # noqa: E402
-from pipeline.loggers import wandb_environment  # noqa: E402
-from pipeline.optim import warmup_steps_of  # noqa: E402
-
-CONFIG_DIR = REPO_ROOT / "conf"
-SAMPLE_DATA = REPO_ROOT / "pipeline" / "finetuning" / "sample_data"
-log = logging.getLogger("pipeline.finetune")
-
-
-def _task_data_dir(env_var: str, subdir: str = "", sample: str | None = None) -> str | None:
-    """${task_data_dir:GLUE_DIR,SST-2}: $GLUE_DIR/SST-2 where GLUE_DIR is set, else the bundled sample of that task
-    (sample_data/<sample or subdir>) if there is one, else null (finetune then says what to pass)."""
-    root = os.environ.get(env_var)
-    if root:
-        return str(Path(root) / subdir)
-    bundled = SAMPLE_DATA / (sample or subdir) if (sample or subdir) else None
-    return str(bundled) if bundled is not None and bundled.is_dir() else None
-
-
-for _name, _resolver in (("repo_root", lambda: str(REPO_ROOT)), ("task_data_dir", _task_data_dir)):
-    if not OmegaConf.has_resolver(_name):
-        OmegaConf.register_new_resolver(_name, _resolver)
-
-
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The config `python pipeline/finetune.py <overrides>` would run, without Hydra's run directory (pass
-    output_dir=...)."""
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="finetune", overrides=list(overrides))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the plan: everything validated before training
-
-class _Plan:
-    def __init__(self, cfg: DictConfig):
-        from pipeline.finetuning.pretrained import load_pretrained
-        from pipeline.finetuning.tokenizer import load_tokenizer
-        from pipeline.tasks import get_task
-        from pipeline.train import devices_per_node
-
-        self.output_dir = _output_dir(cfg)
-        self.task = get_task(str(cfg.task.name))
-        if not cfg.get("init"):
-            raise ValueError("init= is required: the weights to fine-tune (a pre-training run directory, a .ckpt, a "
-                             "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
-                             "bert-base-uncased)")
-        self.sources = _split_sources(cfg, self.task)
-        self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-        self.world_size = devices_per_node(self.trainer_cfg) * int(self.trainer_cfg.get("num_nodes", 1))
-        self.batch_size = int(cfg.data.batch_size)
-        if self.batch_size < 1 or self.batch_size % self.world_size:
-            raise ValueError(f"data.batch_size={self.batch_size} must be a positive multiple of devices x nodes = "
-                             f"{self.world_size} (it is the global batch)")
-        self.micro_batch_size = self.batch_size // self.world_size
-        check_logger_config(cfg.logger)
-
-        self.pretrained = load_pretrained(str(cfg.init), cfg.get("tokenizer"))
-        overrides = {key: value for key, value in (OmegaConf.to_container(cfg.model, resolve=True) or {}).items()
-                     if value is not None}
-        self.model_config = BertConfig.from_dict({**self.pretrained.config.to_dict(), **overrides})
-        self.tokenizer = load_tokenizer(self.pretrained.tokenizer_source, self.model_config.vocab_size)
-        self.max_seq_length = int(cfg.data.max_seq_length)
-        if self.max_seq_length > self.model_config.max_position_embeddings:
-            raise ValueError(f"data.max_seq_length={self.max_seq_length} exceeds the model's "
-                             f"max_position_embeddings={self.model_config.max_position_embeddings}")
-
-
-def _output_dir(cfg: DictConfig) -> Path:
-    try:
-        value = cfg.output_dir
-    except (InterpolationResolutionError, ValueError) as error:
-        raise ValueError("output_dir is not set: `python pipeline/finetune.py` takes Hydra's run directory; when "
-                         "calling finetune() yourself, pass output_dir=<directory>") from error
-    return Path(value).resolve()
-
-
-def _split_sources(cfg: DictConfig, task) -> dict[str, str]:
-    """split -> what task.read() reads it from: data.<split> where given (a file, a directory, a hub dataset name),
-    else the split's file in data.dir (under any name the task is distributed with), else data.dir itself when it
-    is a hub dataset (a local copy in hub layout, or a name). Training and evaluation data must be there; test
-    splits are used where they are."""
-    from pipeline.tasks.hub import looks_like_hub_directory
-
-    data_dir = cfg.data.get("dir")
-    sources: dict[str, str] = {}
-    for split in ("train", *task.eval_splits, *task.test_splits):
-        required = split not in task.test_splits
-        given = cfg.data.get(split)
-        if given:
-            if _is_local_path(str(given)) and not Path(str(given)).expanduser().exists():
-                raise FileNotFoundError(f"{split} data of task {task.name} not found: {given}")
-            sources[split] = str(Path(str(given)).expanduser()) if _is_local_path(str(given)) else str(given)
-            continue
-        if not data_dir:
-            if required:
-                raise ValueError(f"task {task.name} has no data: pass data.dir=<the task's folder as distributed>, "
-                                 f"data.{split}=<file>, or set GLUE_DIR to the folder holding all GLUE tasks. "
-                                 f"{_expected_files(task)}")
-            continue
-        directory = Path(str(data_dir)).expanduser()
-        if directory.is_dir():
-            found = _split_file(task, split, directory)
-            hub = getattr(task, "hub", None)
-            if found is not None:
-                sources[split] = str(found)
-            elif required and hub is not None and looks_like_hub_directory(directory, hub.splits[split][0]):
-                sources[split] = str(directory)
-            elif required:
-                raise FileNotFoundError(f"{split} data of task {task.name} not found in {directory}. "
-                                        f"{_expected_files(task)}")
-        elif _is_local_path(str(data_dir)):
-            raise FileNotFoundError(f"data.dir={data_dir} does not exist")
-        elif required:
-            sources[split] = str(data_dir)   # a hub dataset name: read() loads it (online) or says what is wrong
-    return sources
-
-
-def _split_file(task, split: str, directory: Path) -> Path | None:
-    if hasattr(task, "split_file"):   # tasks distributed under several file names find their own
-        return task.split_file(split, directory)
-    path = directory / task.splits[split]
-    return path if path.is_file() else None
-
-
-def _expected_files(task) -> str:
-    if hasattr(task, "expected_files"):
-        return task.expected_files()
-    return f"Expected in the task's folder: {', '.join(f'{split}: {name}' for split, name in task.splits.items())}."
-
-
-def _is_local_path(value: str) -> bool:
-    """A path rather than a hub dataset name ("nyu-mll/glue")."""
-    return value.startswith(("/", ".", "~")) or Path(value).expanduser().exists()
-
-
-# ----------------------------------------------------------------------------------------------------------
-# data
 
 def task_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The task's own settings (conf/task/: SQuAD's doc stride and answer length, NER's document context, ...) and
+    """The task's own settings (conf/training/task/: SQuAD's doc stride and answer length, NER's document context, ...) and
     the sequence length, as the task's featurize / evaluate take them."""
     settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k != "name"}
     return {**settings, "max_seq_length": int(cfg.data.max_seq_length)}
 
 
-def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _featurized_splits(cfg: DictConfig, plan: FinetuneChecks) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(rows as read, features, report) per split. Sequence tasks share features.featurize; tasks with their own
     features (SQuAD's windows, NER's word alignment) bring a featurize method."""
-    from pipeline.finetuning.features import featurize, truncation_report
-
     cache_dir = cfg.data.get("cache_dir")
     settings = task_settings(cfg)
     examples, features, report = {}, {}, {}
@@ -221,7 +70,7 @@ def _featurized_splits(cfg: DictConfig, plan: _Plan) -> tuple[dict[str, Any], di
     return examples, features, report
 
 
-def _pad_multiple(cfg: DictConfig, plan: _Plan) -> int:
+def _pad_multiple(cfg: DictConfig, plan: FinetuneChecks) -> int:
     value = cfg.data.get("pad_to_multiple_of")
     if value is not None:
         return int(value)
@@ -233,11 +82,7 @@ def _pad_multiple(cfg: DictConfig, plan: _Plan) -> int:
 
 def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Fine-tune as `cfg` says; returns {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""
-    from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
-    from pipeline.finetuning.module import FinetuneModule, per_token_kind
-    from pipeline.finetuning.weights import load_into_task_model
-
-    plan = _Plan(cfg)
+    plan = FinetuneChecks(cfg)
     output_dir = plan.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(int(cfg.seed), workers=True)
@@ -288,9 +133,7 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
     result["score"] = float(module.evaluations[eval_splits[0]].metrics[main])
     if not trainer.is_global_zero:
         return result
-    from pipeline.finetuning import outputs
-
-    result["files"] = outputs.write_run_outputs(
+    result["files"] = write_run_outputs(
         output_dir=output_dir, task=plan.task, evaluations=module.evaluations, split_rows=features,
         test_predictions=test_predictions, model=module.model, tokenizer_source=plan.tokenizer.source,
         export_hf=bool(cfg.export.get("hf", True)), plot=bool(cfg.export.get("plot", True)),
@@ -330,13 +173,8 @@ def _logger_config(cfg: DictConfig) -> dict[str, Any]:
     return logger_cfg
 
 
-def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int, plan: _Plan
+def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int, plan: FinetuneChecks
                    ) -> dict[str, tuple[Any, Any]]:
-    from pipeline.finetuning.batches import eval_loader
-    from pipeline.finetuning.module import gather_predictions
-
-    from pipeline.finetuning.module import per_token_kind
-
     predictions = {}
     for split in plan.task.test_splits:
         if split in rows and not per_token_kind(plan.task.kind):
@@ -345,14 +183,8 @@ def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int,
     return predictions
 
 
-@hydra.main(config_path="../conf", config_name="finetune", version_base="1.3")
-def main(cfg: DictConfig) -> float:
-    result = finetune(cfg)
+def summary(task_name: str, result: dict[str, Any]) -> str:
+    """The lines `python pipeline/finetune.py` prints at the end."""
     metrics = "; ".join(f"{split}: " + ", ".join(f"{k} {v:.4f}" for k, v in values.items())
                         for split, values in result["metrics"].items())
-    print(f"{cfg.task.name} after {result['global_step']} steps: {metrics}\noutputs in {result['output_dir']}")
-    return result["score"]   # what a Hydra sweeper would optimise
-
-
-if __name__ == "__main__":
-    main()
+    return f"{task_name} after {result['global_step']} steps: {metrics}\noutputs in {result['output_dir']}"

@@ -11,7 +11,8 @@ import dataclasses
 from pathlib import Path
 
 from data_prep.presets import PRESET_DIR, split_preset
-from pipeline.orchestration.spec import CONFIG_DIR, REPO_ROOT, Stage, Workflow, WorkflowError
+from pipeline.core.app import REPO_ROOT, TRAINING_CONFIGS
+from pipeline.orchestration.spec import Stage, Workflow, WorkflowError
 
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 # The keys the workflow sets from a stage's inputs and outputs; a stage's own overrides must leave them alone.
@@ -116,7 +117,7 @@ def check_entry_configs(workflow: Workflow, commands: dict[str, StageCommand]) -
             if stage.entry == "data_prep":
                 _compose_data_prep(overrides)
             else:
-                _compose(CONFIG_DIR, stage.entry if stage.entry == "train" else "finetune", overrides)
+                _compose(TRAINING_CONFIGS, stage.entry if stage.entry == "train" else "finetune", overrides)
         except WorkflowError as error:
             raise WorkflowError(f"stage {stage.name} ({stage.entry}): {error}") from None
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pipeline.orchestration import markers
 from pipeline.orchestration.plan import StagePlan, decide, report_upstream, write_plan
-from pipeline.orchestration.spec import REPO_ROOT, Workflow, WorkflowError
+from pipeline.core.app import REPO_ROOT
+from pipeline.orchestration.spec import Workflow, WorkflowError
 from pipeline.orchestration.status import queued_jobs
 
 JOB_DIR = "jobs"

@@ -13,10 +13,11 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "conf"
+from pipeline.core.app import CONFIG_ROOT, TRAINING_CONFIGS
+
+CONFIG_DIR = CONFIG_ROOT          # the workflow's own root: +workflow=NAME picks conf/workflow/NAME.yaml
 WORKFLOW_CONFIGS = CONFIG_DIR / "workflow"
-TASK_CONFIGS = CONFIG_DIR / "task"
+TASK_CONFIGS = TRAINING_CONFIGS / "task"
 STATE_DIR = "_workflow"          # <root>/_workflow/: markers, logs, job scripts, the submitted plan
 REPORT_STAGE = "report"
 
@@ -62,7 +63,7 @@ class Stage:
     inputs: dict[str, str]                   # role -> producing stage
     overrides: tuple[str, ...]               # Hydra overrides of the entry point's own config
     resources: Resources
-    task: str | None = None                  # finetune stages: the conf/task/ name
+    task: str | None = None                  # finetune stages: the conf/training/task/ name
     group: str | None = None                 # stages of one group may go to SLURM as one job array
 
     @property
@@ -216,7 +217,7 @@ def _downstream_stages(spec: dict[str, Any], existing: set[str]) -> list[Stage]:
     unknown = [t for t in tasks if t not in known_tasks()]
     if unknown:
         raise WorkflowError(f"workflow.downstream.tasks: unknown task(s) {', '.join(unknown)}; known tasks: "
-                            f"{', '.join(known_tasks())} (conf/task/)")
+                            f"{', '.join(known_tasks())} (conf/training/task/)")
     per_task = {str(k): list(v or ()) for k, v in (spec.get("per_task") or {}).items()}
     stray = sorted(set(per_task) - set(tasks))
     if stray:

@@ -20,10 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.checkpoint_files import newest_complete_checkpoint
+from pipeline.core.checkpoint_files import newest_complete_checkpoint
 from pipeline.orchestration import markers
 from pipeline.orchestration.plan import StagePlan, consumed_inputs, read_plan
-from pipeline.orchestration.spec import REPO_ROOT, STATE_DIR
+from pipeline.core.app import REPO_ROOT
+from pipeline.orchestration.spec import STATE_DIR
 from pipeline.orchestration.wandb_links import wandb_links
 
 

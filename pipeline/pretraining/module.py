@@ -24,7 +24,7 @@ import pytorch_lightning as pl
 import torch
 
 from model import BertConfig, BertForPreTraining
-from pipeline.optim import build_optimizer, build_scheduler
+from pipeline.core.optim import build_optimizer, build_scheduler
 
 RNG_KEY = "rng_states"
 # Order of the per-window sums: [loss, mlm_loss, nsp_loss, micro_batches, mlm_correct, mlm_total, nsp_correct,
@@ -36,7 +36,7 @@ class BertPretrainingModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
                  max_steps: int, overfit_batches: int = 0):
         """model_config: BertConfig fields; optimizer / scheduler: the `optimizer` and `scheduler` configs
-        (pipeline/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
+        (pipeline/core/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
         overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
         the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset)."""
         super().__init__()

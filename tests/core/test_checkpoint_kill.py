@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint_files import (
+from pipeline.core.checkpoint_files import (
     PARTIAL_PREFIX,
     is_complete,
     newest_complete_checkpoint,
     remove_partial_checkpoints,
 )
-from pipeline.checkpoints import AtomicCheckpointIO
+from pipeline.core.checkpoints import AtomicCheckpointIO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,8 +42,9 @@ def save_then_die_half_way(obj, f, *args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 torch.save = save_then_die_half_way
-from pipeline.train import compose_config, train
-train(compose_config(sys.argv[1:]))
+from pipeline.core.app import compose
+from pipeline.pretraining.run import train
+train(compose("train", sys.argv[1:]))
 """
 
 

@@ -1,4 +1,4 @@
-"""pipeline/strategies.py: DeepSpeed configs from conf/strategy/*.yaml, the strategies built from them, and real
+"""pipeline/core/strategies.py: DeepSpeed configs from conf/training/strategy/*.yaml, the strategies built from them, and real
 2-process runs on CPU (DDP over gloo; DeepSpeed ZeRO 2 and 3 through CPUDeepSpeedStrategy)."""
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from omegaconf import OmegaConf
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
 
-from pipeline.strategies import CPUDeepSpeedStrategy, build_strategy, deepspeed_config
+from pipeline.core.app import TRAINING_CONFIGS, compose
+from pipeline.core.cpu_deepspeed import CPUDeepSpeedStrategy
+from pipeline.core.strategies import build_strategy, deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STRATEGY_DIR = REPO_ROOT / "conf" / "strategy"
+STRATEGY_DIR = TRAINING_CONFIGS / "strategy"
 
 OPTIMIZER = {"name": "adamw", "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01,
              "warmup_steps": 10000, "total_steps": 1000000}
@@ -49,7 +51,8 @@ PRECISION_SECTIONS = {
 
 
 def load(name: str):
-    return OmegaConf.load(STRATEGY_DIR / f"{name}.yaml")
+    """A strategy file as training composes it (the DeepSpeed files start from strategy/deepspeed/common.yaml)."""
+    return OmegaConf.create(OmegaConf.to_container(compose("train", [f"strategy={name}"]).strategy))
 
 
 def build_config(name: str, precision: str = "32", accelerator: str = "cuda", optimizer=None, **overrides):
@@ -184,11 +187,13 @@ def test_deepspeed_parses_every_config(name, precision, monkeypatch):
 
 @pytest.mark.parametrize("name", ["auto", "ddp", *sorted(ZERO_SECTIONS)])
 def test_strategy_files_compose_as_a_hydra_group(name):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose(overrides=[f"+strategy={name}"])
-    assert OmegaConf.to_container(cfg.strategy) == OmegaConf.to_container(load(name))
+    cfg = OmegaConf.to_container(load(name))
+    assert cfg["name"] == ("deepspeed" if name.startswith("deepspeed") else name)
+    if name in ZERO_SECTIONS:   # each stage's own section over the shared base, nothing lost or added
+        assert cfg["zero_optimization"] == ZERO_SECTIONS[name]
+        common = OmegaConf.to_container(OmegaConf.load(STRATEGY_DIR / "deepspeed" / "common.yaml"))
+        assert {k: v for k, v in cfg.items() if k != "zero_optimization"} == \
+            {k: v for k, v in common.items() if k != "zero_optimization"}
 
 
 # ---------------------------------------------------------------------------------------------- build_strategy
@@ -293,7 +298,7 @@ RUN_SCRIPT = textwrap.dedent('''
     import pytorch_lightning as pl
     from omegaconf import OmegaConf
     from torch.utils.data import DataLoader, TensorDataset
-    from pipeline.strategies import build_strategy
+    from pipeline.core.strategies import build_strategy
 
     out_dir, strategy_name = sys.argv[1], sys.argv[2]
     MAX_STEPS, ACCUMULATE, MICRO_BATCH = 5, 2, 4
@@ -327,7 +332,8 @@ RUN_SCRIPT = textwrap.dedent('''
         return DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=MICRO_BATCH)
 
 
-    strategy_cfg = OmegaConf.load(os.path.join("conf", "strategy", strategy_name + ".yaml"))
+    from pipeline.core.app import compose
+    strategy_cfg = compose("train", [f"strategy={strategy_name}"]).strategy
     deepspeed = strategy_cfg.name == "deepspeed"
 
 
@@ -424,7 +430,7 @@ def test_ddp_two_cpu_processes(tmp_path, torch_extensions_dir):
 
 def reference_lrs(lr: float, warmup: int, total: int, steps: int, accumulate: int) -> list[float]:
     """The rate of each micro-batch: optimizer step k at lr * k / warmup, then lr * (total - k) / (total - warmup),
-    as google-research/bert and pipeline/optim.py; the same for all micro-batches of one optimizer step."""
+    as google-research/bert and pipeline/core/optim.py; the same for all micro-batches of one optimizer step."""
     def at(k: int) -> float:
         return lr * (k / warmup if k < warmup else max(0.0, (total - k) / (total - warmup)))
     return [at(k) for k in range(steps) for _ in range(accumulate)]

@@ -9,7 +9,8 @@ import pytest
 from data_prep.dask_cluster import DASK_RUNNER
 from data_prep.pipeline import build_pipeline
 from data_prep.plan import make_plan
-from data_prep.run import REPO_ROOT, load_config, run
+from data_prep.presets import REPO_ROOT
+from data_prep.run import load_config, run
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
 

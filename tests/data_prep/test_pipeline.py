@@ -6,8 +6,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from data_prep.manifest import read_manifest, verify_checksums
-from data_prep.run import REPO_ROOT, run
+from data_prep.manifest import verify_checksums
+from data_prep.presets import REPO_ROOT
+from data_prep.run import run
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
 TWO_PROCESSES = ["--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"]

@@ -27,12 +27,8 @@ BOOKS = ("austen-emma", "austen-persuasion", "austen-sense", "chesterton-ball", 
 
 
 @pytest.fixture(scope="module")
-def corpora() -> Path:
-    """The shared corpora next to the repository: <repo root>/../shared/data/corpora."""
-    path = REPO_ROOT.parent / "shared" / "data" / "corpora"
-    if not path.is_dir():
-        pytest.skip(f"shared data not found at {path} (expected <repo root>/../shared/data/corpora)")
-    return path
+def corpora(shared_data) -> Path:
+    return shared_data / "corpora"
 
 
 def read(path: Path | str, fmt: str, source: str = "src", **kwargs) -> list[Document | Skip]:

@@ -13,15 +13,6 @@ from data_prep.text_decoding import BINARY_SNIFF_BYTES, decode_line, decode_text
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def shared_data() -> Path:
-    """The shared corpora next to the repository: <repo root>/../shared/data."""
-    path = REPO_ROOT.parent / "shared" / "data"
-    if not (path / "corpora").is_dir():
-        pytest.skip(f"shared data not found at {path} (expected <repo root>/../shared/data/corpora)")
-    return path
-
-
 def test_valid_utf8_is_decoded_as_is():
     raw = "naïve café — “quoted” 日本語\n".encode()
     assert decode_text(raw) == ("naïve café — “quoted” 日本語\n", 0)

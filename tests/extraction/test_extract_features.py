@@ -27,7 +27,7 @@ SENTENCES = ["the movie was wonderful .", "a dull , lifeless and overlong film t
 def hf_dir(tmp_path_factory) -> Path:
     """A four-layer BERT (tiny's width) at random weights (seeded) as a Hugging Face directory, with the uncased vocabulary."""
     from model import BertConfig, BertForPreTraining
-    from model.hf_conversion import export_hf
+    from model.hf_files import export_hf
 
     torch.manual_seed(0)
     config = BertConfig.from_preset("tiny", num_layers=4)
@@ -105,9 +105,10 @@ def test_a_layer_the_model_lacks_is_refused(hf_dir):
 # the entry point: inputs, outputs, outcomes
 
 def run_cli(hf_dir: Path, input_file: Path, out: Path, *overrides: str) -> dict:
-    from pipeline.extract_features import compose_config, extract_features
+    from pipeline.core.app import compose
+    from pipeline.extraction.run import extract_features
 
-    return extract_features(compose_config([f"init={hf_dir}", f"input={input_file}", f"output_dir={out}",
+    return extract_features(compose("extract_features", [f"init={hf_dir}", f"input={input_file}", f"output_dir={out}",
                                             "progress=false", "max_seq_length=16", "chunk_size=3",
                                             "batch_size=2", *overrides]))
 

@@ -18,13 +18,14 @@ SST2_SAMPLE = REPO_ROOT / "pipeline" / "finetuning" / "sample_data" / "SST-2"
 
 def test_the_probe_runs_on_a_small_sample_and_writes_table_json_and_chart(tmp_path):
     from model import BertConfig, BertForPreTraining
-    from model.hf_conversion import export_hf
+    from model.hf_files import export_hf
     from pipeline.extraction.probe import PROBE_ROWS
-    from pipeline.probe import compose_config, run_probe
+    from pipeline.core.app import compose
+    from pipeline.extraction.run import run_probe
 
     torch.manual_seed(0)
     init = export_hf(BertForPreTraining(BertConfig.from_preset("tiny")), tmp_path / "hf", VOCAB)
-    result = run_probe(compose_config([f"init={init}", f"output_dir={tmp_path / 'probe'}", "sentences=120",
+    result = run_probe(compose("probe", [f"init={init}", f"output_dir={tmp_path / 'probe'}", "sentences=120",
                                        f"cache_dir={tmp_path / 'cache'}"]))
     assert (result["train"], result["test"]) == (90, 30)
     for pooling in ("cls", "mean"):

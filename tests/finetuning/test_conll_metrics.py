@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.tasks.conll import ENTITY_TYPES, entity_metrics
+from pipeline.finetuning.tasks.conll import ENTITY_TYPES, entity_metrics
 
 
 def test_hand_computed_scores():

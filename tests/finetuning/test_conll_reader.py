@@ -1,4 +1,4 @@
-"""CoNLL-2003 reader: the hand-written fixtures (tests/pipeline/fixtures/conll2003/, the same eight sentences in IOB1
+"""CoNLL-2003 reader: the hand-written fixtures (tests/finetuning/fixtures/conll2003/, the same eight sentences in IOB1
 and IOB2), scheme detection and configuration, -DOCSTART- documents, and malformed files stopping at their line."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
 
-from pipeline.tasks import TASKS, get_task  # noqa: E402
-from pipeline.tasks.conll import CONLL2003, LABELS, parse_conll, read_conll, to_iob2  # noqa: E402
+from pipeline.finetuning.tasks import TASKS, get_task  # noqa: E402
+from pipeline.finetuning.tasks.conll import CONLL2003, LABELS, parse_conll, read_conll, to_iob2  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "conll2003"
 IOB1_FILE = FIXTURES / "eng.train"

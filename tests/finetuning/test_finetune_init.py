@@ -12,10 +12,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification  # noqa: E402
-from model.hf_conversion import export_hf  # noqa: E402
-from pipeline.finetuning.pretrained import load_pretrained  # noqa: E402
+from model.hf_files import export_hf  # noqa: E402
 from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
-from pipeline.finetuning.weights import load_into_task_model  # noqa: E402
+from pipeline.core.weights import load_into_task_model, load_pretrained  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
@@ -24,10 +23,11 @@ CASED_VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-cased-vocab.txt"
 
 @pytest.fixture(scope="module")
 def pretraining_run(small_shards, tmp_path_factory, tiny_overrides):
-    from pipeline.train import compose_config, train
+    from pipeline.core.app import compose
+    from pipeline.pretraining.run import train
 
     out = tmp_path_factory.mktemp("pretrain") / "run"
-    train(compose_config(tiny_overrides(small_shards, out, 4)))
+    train(compose("train", tiny_overrides(small_shards, out, 4)))
     return out
 
 
@@ -93,7 +93,7 @@ def test_a_bert_model_checkpoint_without_prefix_or_pooler_loads_with_a_random_po
 
 
 def test_a_fine_tuned_head_of_the_same_shape_is_loaded(tmp_path):
-    from model.hf_conversion import export_hf_task
+    from model.hf_files import export_hf_task
 
     config = BertConfig.from_preset("tiny", vocab_size=30522)
     trained = BertForSequenceClassification(config, num_labels=3)

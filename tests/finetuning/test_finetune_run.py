@@ -15,7 +15,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from pipeline.finetune import compose_config, finetune  # noqa: E402
+from pipeline.core.app import compose  # noqa: E402
+from pipeline.finetuning.run import finetune  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_SST2 = REPO_ROOT / "pipeline" / "finetuning" / "sample_data" / "SST-2"
@@ -43,7 +44,7 @@ def sst2_run(tiny_bert_dir, tmp_path_factory):
                                    "1\tthe acting is dreadful .\n2\tit 's a charming journey .\n")
     overrides = overfit_overrides("sst2", tiny_bert_dir, tmp_path, data / "train.tsv",
                                   extra=(f"data.test={data / 'test.tsv'}",))
-    return finetune(compose_config(overrides)), tmp_path / "run"
+    return finetune(compose("finetune", overrides)), tmp_path / "run"
 
 
 def test_single_sentence_classification_overfits(sst2_run):
@@ -54,21 +55,21 @@ def test_single_sentence_classification_overfits(sst2_run):
 @pytest.mark.slow
 def test_sentence_pair_classification_overfits(tiny_bert_dir, tmp_path, shared_data):
     qnli = shared_data / "downstream" / "glue" / "QNLI" / "dev.tsv"
-    result = finetune(compose_config(overfit_overrides("qnli", tiny_bert_dir, tmp_path, qnli)))
+    result = finetune(compose("finetune", overfit_overrides("qnli", tiny_bert_dir, tmp_path, qnli)))
     assert result["metrics"]["dev"]["acc"] >= 0.95, result["metrics"]
 
 
 @pytest.mark.slow
 def test_regression_overfits(tiny_bert_dir, tmp_path, shared_data):
     stsb = shared_data / "downstream" / "glue" / "STS-B" / "sts-dev.csv"
-    result = finetune(compose_config(overfit_overrides("stsb", tiny_bert_dir, tmp_path, stsb)))
+    result = finetune(compose("finetune", overfit_overrides("stsb", tiny_bert_dir, tmp_path, stsb)))
     assert result["metrics"]["dev"]["pearson"] >= 0.95, result["metrics"]
     assert result["metrics"]["dev"]["spearman"] >= 0.9, result["metrics"]
 
 
 def test_multiple_choice_overfits(tiny_bert_dir, tmp_path, shared_data):
     swag = shared_data / "downstream" / "swag" / "allennlp_fixture_swag_val_sample.csv"
-    result = finetune(compose_config(overfit_overrides("swag", tiny_bert_dir, tmp_path, swag, epochs=40)))
+    result = finetune(compose("finetune", overfit_overrides("swag", tiny_bert_dir, tmp_path, swag, epochs=40)))
     assert result["metrics"]["dev"]["acc"] == 1.0, result["metrics"]
 
 
@@ -116,7 +117,7 @@ def test_export_loads_in_transformers_with_label_names_and_agrees(sst2_run):
 def test_featurized_splits_are_cached(tiny_bert_dir, tmp_path):
     from pipeline.finetuning.features import featurize
     from pipeline.finetuning.tokenizer import load_tokenizer
-    from pipeline.tasks import get_task
+    from pipeline.finetuning.tasks import get_task
 
     task, tokenizer = get_task("sst2"), load_tokenizer(tiny_bert_dir, 30522)
     rows = task.read("train", str(SAMPLE_SST2 / "train.tsv"), cache_dir=str(tmp_path))
@@ -141,16 +142,16 @@ def test_mistakes_stop_before_training(tiny_bert_dir, tmp_path, monkeypatch, ove
     monkeypatch.delenv("GLUE_DIR", raising=False)
     overrides = [o.format(bert=tiny_bert_dir) for o in overrides] + [f"output_dir={tmp_path}"]
     with pytest.raises(error, match=message):
-        finetune(compose_config(overrides))
+        finetune(compose("finetune", overrides))
 
 
 def test_every_task_config_composes_and_names_a_task():
-    from pipeline.tasks import get_task
+    from pipeline.finetuning.tasks import get_task
 
     for path in sorted((REPO_ROOT / "conf" / "task").glob("*.yaml")):
-        cfg = compose_config([f"task={path.stem}", "output_dir=/tmp/x"])
+        cfg = compose("finetune", [f"task={path.stem}", "output_dir=/tmp/x"])
         assert get_task(cfg.task.name).name == cfg.task.name, path.name
-    large = compose_config(["task=squad_v1_bert_large", "output_dir=/tmp/x"])
+    large = compose("finetune", ["task=squad_v1_bert_large", "output_dir=/tmp/x"])
     assert (large.optimizer.lr, large.trainer.max_epochs, large.data.max_seq_length) == (3e-5, 2, 384)
 
 
@@ -159,7 +160,7 @@ def test_mnli_evaluates_matched_and_mismatched_and_writes_m_mm_and_ax(tiny_bert_
     mnli = Path(__file__).parent / "fixtures" / "glue" / "MNLI"
     overrides = ["task=mnli", f"init={tiny_bert_dir}", f"output_dir={tmp_path / 'run'}", f"data.dir={mnli}",
                  f"data.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=1", "trainer.enable_progress_bar=false"]
-    result = finetune(compose_config(overrides))
+    result = finetune(compose("finetune", overrides))
     assert set(result["metrics"]) == {"dev_matched", "dev_mismatched"}
     out = tmp_path / "run"
     for name, split in (("MNLI-m.tsv", "test_matched"), ("MNLI-mm.tsv", "test_mismatched"), ("AX.tsv", "ax")):
@@ -173,7 +174,7 @@ def test_mnli_evaluates_matched_and_mismatched_and_writes_m_mm_and_ax(tiny_bert_
 
 
 def get_split_file(split: str) -> str:
-    from pipeline.tasks import get_task
+    from pipeline.finetuning.tasks import get_task
     return get_task("mnli").splits[split]
 
 
@@ -182,7 +183,7 @@ def test_truncation_is_counted_and_reported(tiny_bert_dir, tmp_path):
                  f"data.dir={SAMPLE_SST2}", f"data.cache_dir={tmp_path / 'cache'}", "data.max_seq_length=8",
                  "data.limit_train_examples=100", "data.limit_eval_examples=100", "trainer.max_epochs=1",
                  "trainer.enable_progress_bar=false", "export.hf=false", "export.plot=false"]
-    finetune(compose_config(overrides))
+    finetune(compose("finetune", overrides))
     report = json.loads((tmp_path / "run" / "metrics.json").read_text())["data"]
     lengths = [len(line.split()) for line in (SAMPLE_SST2 / "train.tsv").read_text().splitlines()[1:101]]
     assert 0 < report["train"]["examples_truncated"] <= 100
@@ -199,7 +200,7 @@ def test_wandb_offline_run_logs_dev_metrics_in_the_run_directory(tiny_bert_dir, 
                  "data.limit_eval_examples=64", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
                  "logger=wandb_offline", "logger.group=sst2-sweep", "export.hf=false",
                  "trainer.log_every_n_steps=1"]
-    finetune(compose_config(overrides))
+    finetune(compose("finetune", overrides))
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
     history = read_wandb_history(runs[0])
@@ -215,7 +216,7 @@ def test_ner_overfits_through_the_whole_path_and_writes_conll_predictions(tiny_b
                  f"data.dev={conll}", f"data.test={conll}", f"data.cache_dir={tmp_path / 'cache'}",
                  "data.batch_size=8", "trainer.max_epochs=60", "trainer.enable_progress_bar=false",
                  "optimizer.lr=2e-3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
-    result = finetune(compose_config(overrides))
+    result = finetune(compose("finetune", overrides))
     assert result["metrics"]["dev"]["f1"] == 1.0, result["metrics"]
     written = (tmp_path / "run" / "predictions" / "dev" / "predictions.conll").read_text().splitlines()
     gold_tokens = [line.split()[0] for line in conll.read_text().splitlines() if line.strip()]
@@ -238,7 +239,7 @@ def test_squad_overfits_a_slice_of_the_real_dev_set_and_writes_the_reference_fil
                  "task.doc_stride=64", "data.batch_size=16", "trainer.max_epochs=60",
                  "trainer.enable_progress_bar=false", "optimizer.lr=1e-3", "model.hidden_dropout=0.0",
                  "model.attention_dropout=0.0", "data.group_by_length=true"]
-    result = finetune(compose_config(overrides))
+    result = finetune(compose("finetune", overrides))
     assert result["metrics"]["dev"]["exact_match"] >= 90 and result["metrics"]["dev"]["f1"] >= 93, result["metrics"]
     predictions = json.loads((tmp_path / "run" / "predictions" / "dev" / "predictions.json").read_text())
     nbest = json.loads((tmp_path / "run" / "predictions" / "dev" / "nbest_predictions.json").read_text())

@@ -1,4 +1,4 @@
-"""SQuAD post-processing (pipeline.tasks.squad.postprocess) and the task object: hand-written logits for each rule
+"""SQuAD post-processing (pipeline.finetuning.tasks.squad.postprocess) and the task object: hand-written logits for each rule
 (context tokens only, end >= start, at most max_answer_length tokens, starts only where the window has max context,
 distinct texts, softmax over the n-best), the vectorised code against a plain loop written from the reference's
 write_predictions on random logits over many windows, and SQUAD_V1 in the registry, evaluating end to end."""
@@ -19,9 +19,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
-from pipeline.tasks import TASKS, get_task  # noqa: E402
-from pipeline.tasks.squad import SQUAD_V1, SquadTask, postprocess, read_squad, squad_features  # noqa: E402
-from pipeline.tasks.squad.reader import SQUAD_FEATURES  # noqa: E402
+from pipeline.finetuning.tasks import TASKS, get_task  # noqa: E402
+from pipeline.finetuning.tasks.squad import SQUAD_V1, SquadTask, postprocess, read_squad, squad_features  # noqa: E402
+from pipeline.finetuning.tasks.squad.reader import SQUAD_FEATURES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HANDWRITTEN = Path(__file__).parent / "fixtures" / "squad" / "handwritten-v1.1.json"

@@ -1,4 +1,4 @@
-"""pipeline.tasks metrics against numbers worked out by hand (the arithmetic is in the comments)."""
+"""pipeline.finetuning.tasks metrics against numbers worked out by hand (the arithmetic is in the comments)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.tasks import TASKS, get_task  # noqa: E402
+from pipeline.finetuning.tasks import TASKS, get_task  # noqa: E402
 
 
 def test_accuracy():

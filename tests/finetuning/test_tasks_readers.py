@@ -1,5 +1,5 @@
-"""pipeline.tasks readers: the real GLUE/SWAG data in ../shared/data/downstream, hand-written files in GLUE's exact
-formats (tests/pipeline/fixtures/glue/), hub-layout parquet directories written here, and every kind of bad input."""
+"""pipeline.finetuning.tasks readers: the real GLUE/SWAG data in ../shared/data/downstream, hand-written files in GLUE's exact
+formats (tests/finetuning/fixtures/glue/), hub-layout parquet directories written here, and every kind of bad input."""
 from __future__ import annotations
 
 import csv
@@ -15,7 +15,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
 
-from pipeline.tasks import TASKS, get_task  # noqa: E402
+from pipeline.finetuning.tasks import TASKS, get_task  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 

@@ -10,7 +10,7 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 import pytest  # noqa: E402
 
-from pipeline.tasks import SUBMISSION_FILES, TASKS, get_task, write_submission  # noqa: E402
+from pipeline.finetuning.tasks import SUBMISSION_FILES, TASKS, get_task, write_submission  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 

@@ -1,13 +1,12 @@
-"""Small real shard sets, made by the real data_prep job from a few Gutenberg books: for tests and benchmarks."""
+"""Small real shard sets, made by the real data_prep job from a few Gutenberg books (paths the caller takes from the
+shared data: the tests' shared_data fixture, a benchmark's --shared-data): for tests and benchmarks."""
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 from typing import Iterable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BOOKS_DIR = REPO_ROOT.parent / "shared" / "data" / "corpora" / "books"   # <repo>/../shared/data
-SMALL_BOOKS = ("chesterton-thursday.txt", "chesterton-brown.txt")        # the two shortest: ~1,500 rows
+SMALL_BOOKS = ("chesterton-thursday.txt", "chesterton-brown.txt")   # of the shared books, the two shortest: ~1,500 rows
 
 
 def build_books_set(output_dir: str | Path, books: Iterable[str | Path], *overrides: str) -> dict:

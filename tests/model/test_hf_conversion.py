@@ -11,7 +11,8 @@ pytest.importorskip("safetensors")
 
 from model import BertConfig, BertForPreTraining  # noqa: E402
 from model.hf_conversion import (  # noqa: E402
-    config_from_hf, export_hf, from_hf_state_dict, hf_config_from, to_hf_state_dict)
+    config_from_hf, from_hf_state_dict, hf_config_from, to_hf_state_dict)
+from model.hf_files import export_hf  # noqa: E402
 
 VOCAB = 1000
 ATOL = 1e-5

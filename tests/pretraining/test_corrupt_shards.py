@@ -5,12 +5,13 @@ import shutil
 
 import pytest
 
-from pipeline.data.rows import RowGroupReader, ShardReadError
-from pipeline.data.shard_set import ShardSet
-from pipeline.data.epoch_plan import Piece
-from pipeline.data.verify import main as verify_main
-from pipeline.data.verify import verify_shard_set
-from pipeline.train import compose_config, train
+from pipeline.pretraining.data.rows import RowGroupReader, ShardReadError
+from pipeline.pretraining.data.shard_set import ShardSet
+from pipeline.pretraining.data.epoch_plan import Piece
+from pipeline.pretraining.data.verify import main as verify_main
+from pipeline.pretraining.data.verify import verify_shard_set
+from pipeline.core.app import compose
+from pipeline.pretraining.run import train
 
 
 def zero_middle(path, size=2048):
@@ -42,7 +43,7 @@ def test_verification_names_the_corrupt_shard_and_times_itself(small_shards, cor
 def test_training_refuses_a_corrupt_set_before_step_0(corrupt_set, tmp_path, tiny_overrides):
     copy, shard = corrupt_set
     with pytest.raises(ValueError, match=rf"{shard.name}.*differ from the sizes and sha256.*Nothing was trained"):
-        train(compose_config(tiny_overrides(copy, tmp_path / "out", 4)))
+        train(compose("train", tiny_overrides(copy, tmp_path / "out", 4)))
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
@@ -53,7 +54,7 @@ def test_a_read_failure_names_the_shard_the_row_group_and_the_remedy(corrupt_set
     reader = RowGroupReader(shard_set)
     group = next(i for i in range(len(shard_set.row_groups))
                  if shard_set.shards[int(shard_set.row_groups.file[i])].path == str(shard))
-    with pytest.raises(ShardReadError, match=rf"row group 0 of shard {shard}.*python -m pipeline.data.verify"):
+    with pytest.raises(ShardReadError, match=rf"row group 0 of shard {shard}.*python -m pipeline.pretraining.data.verify"):
         reader.read_piece(Piece(group, 0, int(shard_set.row_groups.rows[group])))
     with pytest.raises(ShardReadError, match=rf"cannot read row group 0 of shard {shard}.*re-run data_prep"):
-        train(compose_config(tiny_overrides(copy, tmp_path / "out", 4, "data.verify_checksums=false")))
+        train(compose("train", tiny_overrides(copy, tmp_path / "out", 4, "data.verify_checksums=false")))

@@ -6,11 +6,12 @@ import torch
 
 from data_prep.masking import mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
-from pipeline.data.collator import IGNORE_INDEX, PretrainingCollator, dynamic_masking_seeds
-from pipeline.data.epoch_plan import Piece
-from pipeline.data.rows import RowGroupReader
-from pipeline.data.sample_sets import SMALL_BOOKS, cached_books_set
-from pipeline.data.shard_set import ShardSet
+from model.bert import IGNORE_INDEX
+from pipeline.pretraining.data.collator import PretrainingCollator, dynamic_masking_seeds
+from pipeline.pretraining.data.epoch_plan import Piece
+from pipeline.pretraining.data.rows import RowGroupReader
+from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from pipeline.pretraining.data.shard_set import ShardSet
 
 
 
@@ -101,7 +102,7 @@ def test_dynamic_masking_is_data_preps_mask_batch_seeded_by_seed_epoch_and_row(d
 
 
 def test_the_loader_masks_whole_row_groups_exactly_as_batches_are_masked(dynamic_set):
-    from pipeline.data.dataset import PretrainingDataset
+    from pipeline.pretraining.data.dataset import PretrainingDataset
     collator = PretrainingCollator.for_shard_set(dynamic_set, seed=3, return_row_index=True)
     data = PretrainingDataset(dynamic_set, 32, seed=3, epoch=2, return_row_index=True)
     for batch in list(data)[:3]:

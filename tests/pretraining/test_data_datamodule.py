@@ -7,12 +7,12 @@ import warnings
 import pytest
 import torch
 
-from pipeline.data.sample_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
 
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
 
-from pipeline.data.datamodule import PretrainingDataModule  # noqa: E402
+from pipeline.pretraining.data.datamodule import PretrainingDataModule  # noqa: E402
 
 BATCH = 256                # the set's 1,641 rows make 6 batches per epoch
 STEPS = 14                 # two epochs and two batches

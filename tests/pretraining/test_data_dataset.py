@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.data import epoch_plan
-from pipeline.data.dataset import PretrainingDataset
-from pipeline.data.loader import PretrainingDataLoader
-from pipeline.data.rows import RowGroupReader
-from pipeline.data.sample_sets import SMALL_BOOKS, cached_books_set
-from pipeline.data.shard_set import ShardSet
+from pipeline.pretraining.data import epoch_plan
+from pipeline.pretraining.data.dataset import PretrainingDataset
+from pipeline.pretraining.data.loader import PretrainingDataLoader
+from pipeline.pretraining.data.rows import RowGroupReader
+from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from pipeline.pretraining.data.shard_set import ShardSet
 
 BATCH = 16
 

@@ -8,9 +8,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pipeline.optim import build_optimizer, build_scheduler, lr_factor, param_groups
-from pipeline.train import (CONFIG_DIR, _check_strategy_and_optimizer, compose_config, gradient_accumulation,
-                            model_config_of)
+from pipeline.core.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from pipeline.core.app import TRAINING_CONFIGS as CONFIG_DIR
+from pipeline.core.app import REPO_ROOT, compose
+from pipeline.core.devices import gradient_accumulation
+from pipeline.pretraining.checks import check_strategy_and_optimizer, model_config_of
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
 DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
@@ -25,10 +27,10 @@ def resolved(cfg, *keys):
 
 
 def test_default_config():
-    cfg = compose_config()
+    cfg = compose("train")
     parts = resolved(cfg, "model", "data", "trainer", "optimizer", "scheduler", "logger", "callbacks", "strategy")
     assert parts["model"]["name"] == "tiny"
-    assert Path(parts["data"]["path"]) == CONFIG_DIR.parent / "outputs" / "shards" / "sample"
+    assert Path(parts["data"]["path"]) == REPO_ROOT / "outputs" / "shards" / "sample"
     assert parts["trainer"]["accelerator"] == "cpu" and parts["trainer"]["precision"] == "32-true"
     assert parts["strategy"]["name"] == "auto"
     assert parts["optimizer"]["name"] == "adamw" and parts["logger"]["mode"] == "disabled"
@@ -39,14 +41,14 @@ def test_default_config():
 
 @pytest.mark.parametrize("group,option", GROUP_OPTIONS)
 def test_every_group_option_composes(group, option):
-    cfg = compose_config([f"{group}={option}"])
+    cfg = compose("train", [f"{group}={option}"])
     OmegaConf.to_container(cfg[group], resolve=True)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_experiment_composes(name, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
-    cfg = compose_config([f"+experiment={name}"])
+    cfg = compose("train", [f"+experiment={name}"])
     parts = resolved(cfg, "model", "data", "trainer", "optimizer", "scheduler", "logger", "callbacks", "strategy")
     config = model_config_of(cfg)
     assert parts["trainer"]["precision"] == "bf16-mixed" and parts["trainer"]["accelerator"] == "gpu"
@@ -58,25 +60,25 @@ def test_every_experiment_composes(name, monkeypatch):
     assert cfg.require_init_from_checkpoint == phase2 and cfg.init_from_checkpoint is None
     # The global batch divides on one 8-GPU node.
     gradient_accumulation(parts["data"]["global_batch_size"], parts["data"]["micro_batch_size"], 8)
-    _check_strategy_and_optimizer(cfg)   # no refused combination
+    check_strategy_and_optimizer(cfg)   # no refused combination
 
 
 def test_published_settings():
-    base = compose_config(["+experiment=bert_base"])
+    base = compose("train", ["+experiment=bert_base"])
     assert (base.model.name, base.data.global_batch_size, base.optimizer.name, base.optimizer.lr) == \
         ("base", 256, "adamw", 1e-4)
     assert (base.scheduler.warmup_steps, base.scheduler.power, base.optimizer.weight_decay) == (10000, 1.0, 0.01)
     assert base.trainer.max_steps == 900_000 and base.scheduler.total_steps == 1_000_000
     assert base.strategy.name == "deepspeed" and base.strategy.zero_optimization.stage == 2
     assert base.strategy.optimizer_in_ds_config is False     # no weight decay on biases / LayerNorm
-    base2 = compose_config(["+experiment=bert_base_phase2"])
+    base2 = compose("train", ["+experiment=bert_base_phase2"])
     assert base2.trainer.max_steps == 100_000 and base2.data.global_batch_size == 256
-    large = compose_config(["+experiment=bert_large"])
+    large = compose("train", ["+experiment=bert_large"])
     assert (large.model.name, large.optimizer.name, large.data.global_batch_size, large.optimizer.lr) == \
         ("large", "lamb", 65536, 6e-3)
     assert (large.trainer.max_steps, large.scheduler.warmup_fraction) == (7038, 0.2843)
     assert large.strategy.name == "ddp" and large.scheduler.power == 0.5
-    large2 = compose_config(["+experiment=bert_large_phase2"])
+    large2 = compose("train", ["+experiment=bert_large_phase2"])
     assert (large2.data.global_batch_size, large2.optimizer.lr, large2.trainer.max_steps,
             large2.scheduler.warmup_fraction) == (32768, 4e-3, 1563, 0.128)
     assert round(0.128 * 1563) == 200 and round(0.2843 * 7038) == 2001
@@ -84,14 +86,14 @@ def test_published_settings():
 
 @pytest.mark.parametrize("name", DEBUG_PRESETS)
 def test_every_debug_preset_composes(name):
-    cfg = compose_config([f"+debug={name}"])
+    cfg = compose("train", [f"+debug={name}"])
     resolved(cfg, "model", "data", "trainer", "optimizer", "scheduler")
 
 
 def test_unknown_config_option_is_hydras_error():
     from hydra.errors import MissingConfigException
     with pytest.raises(MissingConfigException, match="huge"):
-        compose_config(["model=huge"])
+        compose("train", ["model=huge"])
 
 
 @pytest.mark.parametrize("global_batch,micro,world,expected", [
@@ -106,12 +108,12 @@ def test_indivisible_global_batch_is_refused():
 
 
 def test_lamb_with_zero_is_refused():
-    cfg = compose_config(["strategy=deepspeed_stage_2", "optimizer=lamb"])
+    cfg = compose("train", ["strategy=deepspeed_stage_2", "optimizer=lamb"])
     with pytest.raises(ValueError, match="trust ratio"):
-        _check_strategy_and_optimizer(cfg)
-    cfg = compose_config(["strategy=deepspeed_stage_2", "scheduler=poly_warmup"])
+        check_strategy_and_optimizer(cfg)
+    cfg = compose("train", ["strategy=deepspeed_stage_2", "scheduler=poly_warmup"])
     with pytest.raises(ValueError, match="WarmupDecayLR"):
-        _check_strategy_and_optimizer(cfg)
+        check_strategy_and_optimizer(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ def test_optimizers_step(name):
     if name == "lamb":
         pytest.importorskip("pytorch_optimizer")
     model = tiny_model()
-    cfg = OmegaConf.to_container(compose_config([f"optimizer={name}"]).optimizer)
+    cfg = OmegaConf.to_container(compose("train", [f"optimizer={name}"]).optimizer)
     optimizer = build_optimizer(model, cfg)
     before = [p.detach().clone() for p in model.parameters()]
     ids = torch.randint(0, 64, (2, 16))
@@ -205,7 +207,7 @@ def test_bad_schedules_are_refused():
 
 def test_peak_flops_resolution():
     from model import PEAK_FLOPS
-    from pipeline.callbacks.throughput import resolve_peak_flops
+    from pipeline.core.callbacks.throughput import resolve_peak_flops
     cpu = torch.device("cpu")
     assert resolve_peak_flops(None, cpu) is None                       # no MFU on the CPU
     assert resolve_peak_flops("h100-sxm", cpu) == PEAK_FLOPS["h100-sxm"]

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-import pipeline.train as train_module
-from pipeline.train import compose_config, train
+import pipeline.pretraining.checks as checks_module
+from pipeline.core.app import compose
+from pipeline.pretraining.run import train
 
 
 @pytest.fixture
 def run_config(small_shards, tmp_path, tiny_overrides):
     def make(*extra: str):
-        return compose_config(tiny_overrides(small_shards, tmp_path / "out", 4, *extra))
+        return compose("train", tiny_overrides(small_shards, tmp_path / "out", 4, *extra))
     return make
 
 
@@ -32,7 +33,7 @@ def test_missing_shards(run_config, tmp_path):
 
 def test_missing_sample_shards_say_how_to_make_them(run_config, tmp_path, monkeypatch):
     sample = tmp_path / "outputs" / "shards" / "sample"
-    monkeypatch.setattr(train_module, "SAMPLE_SHARDS", sample)
+    monkeypatch.setattr(checks_module, "SAMPLE_SHARDS", sample)
     refused(run_config(f"data.path={sample}"), FileNotFoundError,
             r"For the bundled sample, run `python data_prep/run\.py`", tmp_path)
 
@@ -66,9 +67,9 @@ def test_phase2_without_phase1_checkpoint(small_shards, tmp_path, tiny_overrides
     # bert_base_phase2's own settings on this machine's scale: CPU, no DeepSpeed, the small seq-128 set.
     cpu = ["trainer=cpu", "strategy=auto", "logger=csv", "model=tiny", "data.max_seq_length=128",
            "data.max_predictions_per_seq=20"]
-    cfg = compose_config(["+experiment=bert_base_phase2", *cpu, *tiny_overrides(small_shards, tmp_path / "out", 4)])
+    cfg = compose("train", ["+experiment=bert_base_phase2", *cpu, *tiny_overrides(small_shards, tmp_path / "out", 4)])
     refused(cfg, ValueError, r"starts from the weights of an earlier run .* pass init_from_checkpoint=", tmp_path)
-    cfg = compose_config(["+experiment=bert_base_phase2", *cpu, *tiny_overrides(small_shards, tmp_path / "out", 4),
+    cfg = compose("train", ["+experiment=bert_base_phase2", *cpu, *tiny_overrides(small_shards, tmp_path / "out", 4),
                           f"init_from_checkpoint={tmp_path / 'nowhere.ckpt'}"])
     refused(cfg, FileNotFoundError, r"init_from_checkpoint=.*nowhere\.ckpt does not exist", tmp_path)
 
@@ -88,6 +89,6 @@ def test_derived_trainer_keys_are_refused(run_config, tmp_path):
 
 
 def test_output_dir_is_required_outside_hydra(small_shards):
-    cfg = compose_config([f"data.path={small_shards}"])
+    cfg = compose("train", [f"data.path={small_shards}"])
     with pytest.raises(ValueError, match="output_dir is not set"):
         train(cfg)

@@ -6,7 +6,9 @@ import csv
 import pytest
 import torch
 
-from pipeline.train import compose_config, load_pretrained_weights, train
+from pipeline.core.app import compose
+from pipeline.core.weights import load_pretraining_weights
+from pipeline.pretraining.run import train
 
 METRICS = ("train/loss", "train/mlm_loss", "train/nsp_loss", "train/mlm_acc", "train/nsp_acc", "train/lr",
            "train/grad_norm", "perf/tokens_per_s", "perf/padded_tokens_per_s", "perf/sequences_per_s", "perf/mfu")
@@ -15,7 +17,7 @@ METRICS = ("train/loss", "train/mlm_loss", "train/nsp_loss", "train/mlm_acc", "t
 @pytest.fixture(scope="module")
 def short_run(small_shards, tmp_path_factory, tiny_overrides):
     out = tmp_path_factory.mktemp("run") / "out"
-    result = train(compose_config(tiny_overrides(small_shards, out, 10, "callbacks.throughput.peak_flops=1e12")))
+    result = train(compose("train", tiny_overrides(small_shards, out, 10, "callbacks.throughput.peak_flops=1e12")))
     return result, out
 
 
@@ -84,7 +86,7 @@ def test_hf_export_loads_in_transformers_and_matches(short_run, small_shards):
 
     from model import BertConfig, BertForPreTraining
     ours = BertForPreTraining(BertConfig.from_preset("tiny")).eval()
-    load_pretrained_weights(ours, out / "checkpoints" / "last.ckpt")
+    load_pretraining_weights(ours, out / "checkpoints" / "last.ckpt")
     with torch.no_grad():
         theirs = hf_model(**encoded)
         mine = ours(encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"])
@@ -96,8 +98,8 @@ def test_weights_load_from_checkpoint_and_export_alike(short_run):
     _, out = short_run
     from model import BertConfig, BertForPreTraining
     from_ckpt, from_hf = (BertForPreTraining(BertConfig.from_preset("tiny")) for _ in range(2))
-    load_pretrained_weights(from_ckpt, out / "checkpoints" / "last.ckpt")
-    load_pretrained_weights(from_hf, out / "hf_export")
+    load_pretraining_weights(from_ckpt, out / "checkpoints" / "last.ckpt")
+    load_pretraining_weights(from_hf, out / "hf_export")
     for (name, a), b in zip(from_ckpt.state_dict().items(), from_hf.state_dict().values()):
         assert torch.equal(a, b), name
 
@@ -108,7 +110,7 @@ def test_overfit_preset_drives_the_loss_down(small_shards, tmp_path):
                  "trainer.max_steps=30", "trainer.log_every_n_steps=5", "scheduler.warmup_steps=5",
                  "data.global_batch_size=8", "data.micro_batch_size=8", "trainer.enable_progress_bar=false",
                  "trainer.enable_model_summary=false", "export.hf=false", "export.plot=false"]
-    result = train(compose_config(overrides))
+    result = train(compose("train", overrides))
     with open(result["csv"], newline="") as handle:
         losses = [float(row["train/loss"]) for row in csv.DictReader(handle) if row.get("train/loss")]
     assert losses[-1] < 0.5 * losses[0] and result["metrics"]["train/nsp_acc"] == 1.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.train import REPO_ROOT
+from pipeline.core.app import REPO_ROOT
 
 SENTINEL = "wandb-key-sentinel-7f3a9c2e5b1d4086"
 

@@ -1,5 +1,5 @@
 """A fine-tuning task: its labels, splits and files, how to read them, how to score predictions and how the GLUE
-leaderboard wants them written.  The ten tasks themselves are in :mod:`pipeline.tasks.registry`.
+leaderboard wants them written.  The ten tasks themselves are in :mod:`pipeline.finetuning.tasks.registry`.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import datasets
 
-from pipeline.tasks import metrics as task_metrics
-from pipeline.tasks.layouts import FileLayout, HubLayout
+from pipeline.finetuning.tasks import metrics as task_metrics
+from pipeline.finetuning.tasks.layouts import FileLayout, HubLayout
 
 KINDS = ("classification", "regression", "multiple_choice")
 
@@ -30,7 +30,7 @@ class Task:
     test_splits: tuple[str, ...]
     layouts: tuple[FileLayout, ...]            # the task's file formats, tried in order on the first line
     file_labels: tuple[str, ...] | None = None  # the labels as files and the leaderboard write them, in id order
-    metric_set: str = "acc"                    # which metrics() computes: see pipeline.tasks.metrics.METRIC_SETS
+    metric_set: str = "acc"                    # which metrics() computes: see pipeline.finetuning.tasks.metrics.METRIC_SETS
     submission_files: dict[str, str] = dataclasses.field(default_factory=dict)  # test split -> leaderboard file
     other_file_names: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # e.g. CoLA's raw release
     hub: HubLayout | None = None
@@ -60,14 +60,14 @@ class Task:
     # -- reading --------------------------------------------------------------------------------------------------
 
     def read(self, split: str, path: str | Path, cache_dir: str | Path | None = None) -> datasets.Dataset:
-        """One split as a ``datasets.Dataset`` with the columns of :mod:`pipeline.tasks.schema`.
+        """One split as a ``datasets.Dataset`` with the columns of :mod:`pipeline.finetuning.tasks.schema`.
 
         ``path``: the split's file itself; a directory holding the task's files (GLUE layout, e.g. ``glue_data/SST-2``,
         CoLA's raw release, STS-B's original csv files); a local copy of a hub dataset (``<config>/<split>-*.parquet``);
         or a hub dataset name such as ``nyu-mll/glue``.
         """
-        from pipeline.tasks.delimited import read_delimited
-        from pipeline.tasks.hub import looks_like_hub_directory, read_hub
+        from pipeline.finetuning.tasks.delimited import read_delimited
+        from pipeline.finetuning.tasks.hub import looks_like_hub_directory, read_hub
 
         if split not in self.splits:
             raise ValueError(f"task {self.name} has no split {split!r}; its splits: {', '.join(self.splits)}")

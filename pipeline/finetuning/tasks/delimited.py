@@ -1,5 +1,5 @@
 """Reading a task's delimited file (GLUE's TSVs, CoLA's raw release, STS-B's original csv, SWAG's csv) into the
-columns of :mod:`pipeline.tasks.schema`.
+columns of :mod:`pipeline.finetuning.tasks.schema`.
 
 Two steps, both cached by ``datasets`` under ``cache_dir``: ``load_dataset("csv", ...)`` reads every column as a
 string (no NaN conversion: "null", "NA" and "nan" are real words in these corpora), then ``Dataset.map`` checks each
@@ -8,33 +8,28 @@ row and normalises it.  Bad input stops the read with a ``ValueError`` naming th
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import datasets
 from datasets.exceptions import DatasetGenerationError
 
-from pipeline.tasks import schema
-from pipeline.tasks.files import RecordLines, first_long_record, first_records, not_utf8_error, preview
-from pipeline.tasks.layouts import FileLayout
-
-if TYPE_CHECKING:
-    from pipeline.tasks.base import Task
+from pipeline.finetuning.fingerprint import code_digest
+from pipeline.finetuning.tasks import schema
+from pipeline.finetuning.tasks.files import RecordLines, first_long_record, first_records, not_utf8_error, preview
+from pipeline.finetuning.tasks.layouts import FileLayout, TaskFormat
 
 _INTEGER = re.compile(r"-?\d+")
 
 # The cached normalised rows must not outlive a change to how rows are normalised: the map's fingerprint
 # includes a digest of the code that does it (datasets hashes an object's state, not its class's code).
-_CODE_DIGEST = hashlib.sha256(b"".join(
-    Path(module).read_bytes() for module in (__file__, schema.__file__))).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__, schema.__file__)
 
 FIX_ADVICE = "Fix or remove that row."
 
 
-def read_delimited(task: "Task", split: str, path: Path, cache_dir: str | None) -> datasets.Dataset:
-    """The rows of one file of ``task`` as the columns of :mod:`pipeline.tasks.schema`."""
+def read_delimited(task: TaskFormat, split: str, path: Path, cache_dir: str | None) -> datasets.Dataset:
+    """The rows of one file of ``task`` as the columns of :mod:`pipeline.finetuning.tasks.schema`."""
     where = f"{task.name} {split}: {path}"
     layout, names = choose_layout(task, path, where)
     labelled = layout.label is not None and layout.label in names
@@ -47,7 +42,7 @@ def read_delimited(task: "Task", split: str, path: Path, cache_dir: str | None) 
                    features=schema.features(task.kind), desc=f"{task.name} {split}")
 
 
-def choose_layout(task: "Task", path: Path, where: str) -> tuple[FileLayout, tuple[str, ...]]:
+def choose_layout(task: TaskFormat, path: Path, where: str) -> tuple[FileLayout, tuple[str, ...]]:
     """The first of the task's layouts that fits the file's first line, and the file's column names.
 
     Also catches, before pandas can hide them, an empty split and a first row with more fields than the header.
@@ -121,7 +116,7 @@ class _RowNormaliser:
     looked up (:class:`RecordLines`) to tell which.  An empty text is kept; an empty label or index is bad.
     """
 
-    def __init__(self, task: "Task", layout: FileLayout, names: tuple[str, ...], labelled: bool, path: Path,
+    def __init__(self, task: TaskFormat, layout: FileLayout, names: tuple[str, ...], labelled: bool, path: Path,
                  where: str):
         self.kind = task.kind
         self.task_name = task.name

@@ -6,20 +6,16 @@ a null in a needed column, or a label id outside the task's label set, is a ``Va
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import datasets
 
-from pipeline.tasks import schema
+from pipeline.finetuning.fingerprint import code_digest
+from pipeline.finetuning.tasks import schema
+from pipeline.finetuning.tasks.layouts import TaskFormat
 
-if TYPE_CHECKING:
-    from pipeline.tasks.base import Task
-
-_CODE_DIGEST = hashlib.sha256(b"".join(
-    Path(module).read_bytes() for module in (__file__, schema.__file__))).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__, schema.__file__)
 
 
 def looks_like_hub_directory(directory: Path, config: str) -> bool:
@@ -29,8 +25,8 @@ def looks_like_hub_directory(directory: Path, config: str) -> bool:
             or any(directory.glob("*.parquet")))
 
 
-def read_hub(task: "Task", split: str, path: str, cache_dir: str | None) -> datasets.Dataset:
-    """``load_dataset(path, name=<config>, split=<hub split>)``, then the columns of :mod:`pipeline.tasks.schema`."""
+def read_hub(task: TaskFormat, split: str, path: str, cache_dir: str | None) -> datasets.Dataset:
+    """``load_dataset(path, name=<config>, split=<hub split>)``, then the columns of :mod:`pipeline.finetuning.tasks.schema`."""
     layout = task.hub
     config, hub_split = layout.splits[split]
     where = f"{task.name} {split}: {path} (config {config!r}, split {hub_split!r})"
@@ -67,7 +63,7 @@ def read_hub(task: "Task", split: str, path: str, cache_dir: str | None) -> data
 
 
 class _HubRowNormaliser:
-    def __init__(self, task: "Task", split: str, labelled: bool, where: str):
+    def __init__(self, task: TaskFormat, split: str, labelled: bool, where: str):
         layout = task.hub
         self.kind = task.kind
         self.task_name = task.name

@@ -1,10 +1,12 @@
 """Where a task's data keeps its fields: the columns of its delimited files, and of its Hugging Face hub layout.
 
-These are plain descriptions; :mod:`pipeline.tasks.delimited` and :mod:`pipeline.tasks.hub` do the reading.
+These are plain descriptions; :mod:`pipeline.finetuning.tasks.delimited` and :mod:`pipeline.finetuning.tasks.hub` do the
+reading, of a task as the readers see it (:class:`TaskFormat`: :class:`pipeline.finetuning.tasks.base.Task` is one).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,3 +50,15 @@ class HubLayout:
     label: str = "label"
     index: str | None = "idx"
     endings: tuple[str, ...] = ()
+
+
+class TaskFormat(Protocol):
+    """What the readers need to know of a task: its name, kind, labels, test splits and layouts."""
+
+    name: str
+    kind: str                               # classification | regression | multiple_choice
+    label_names: tuple[str, ...] | None
+    file_labels: tuple[str, ...] | None
+    test_splits: tuple[str, ...]
+    layouts: tuple[FileLayout, ...]
+    hub: HubLayout | None

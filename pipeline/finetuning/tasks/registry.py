@@ -1,5 +1,5 @@
 """The ten tasks: GLUE's nine (file formats as the GLUE download ships them) and SWAG; and the tasks with their
-own features and evaluation (SPAN_TOKEN_TASKS: SQuAD v1.1, pipeline.tasks.squad; CoNLL-2003, pipeline.tasks.conll).
+own features and evaluation (SPAN_TOKEN_TASKS: SQuAD v1.1, pipeline.finetuning.tasks.squad; CoNLL-2003, pipeline.finetuning.tasks.conll).
 
 Label ids follow the hub's ClassLabel order (``nyu-mll/glue``), so hub-layout data and GLUE's TSVs agree.
 ``file_labels`` are the labels as the TSVs (and the leaderboard) write them: text for MNLI, QNLI and RTE, 0/1 for
@@ -7,10 +7,10 @@ the other classification tasks.
 """
 from __future__ import annotations
 
-from pipeline.tasks.base import Task
-from pipeline.tasks.conll.task import CONLL2003
-from pipeline.tasks.layouts import FileLayout, HubLayout
-from pipeline.tasks.squad.task import SQUAD_V1
+from pipeline.finetuning.tasks.base import Task
+from pipeline.finetuning.tasks.conll.task import CONLL2003
+from pipeline.finetuning.tasks.layouts import FileLayout, HubLayout
+from pipeline.finetuning.tasks.squad.task import SQUAD_V1
 
 GLUE_HUB = "nyu-mll/glue"
 SWAG_HUB = "allenai/swag"
@@ -121,7 +121,7 @@ SWAG = Task(
 TASKS: dict[str, Task] = {task.name: task for task in (COLA, SST2, MRPC, STSB, QQP, MNLI, QNLI, RTE, WNLI, SWAG)}
 
 # Tasks with their own reader, features and evaluation (read / featurize / evaluate methods) rather than a
-# pipeline.tasks.base.Task: SQuAD v1.1's spans, CoNLL-2003's entities. Kept apart from TASKS, the GLUE/SWAG set.
+# pipeline.finetuning.tasks.base.Task: SQuAD v1.1's spans, CoNLL-2003's entities. Kept apart from TASKS, the GLUE/SWAG set.
 SPAN_TOKEN_TASKS: dict[str, object] = {task.name: task for task in (SQUAD_V1, CONLL2003)}
 
 ALL_TASKS: dict[str, object] = {**TASKS, **SPAN_TOKEN_TASKS}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from pipeline.tasks.base import Task
+from pipeline.finetuning.tasks.base import Task
 
 SUBMISSION_FILES = ("CoLA.tsv", "SST-2.tsv", "MRPC.tsv", "STS-B.tsv", "QQP.tsv", "MNLI-m.tsv", "MNLI-mm.tsv",
                     "QNLI.tsv", "RTE.tsv", "WNLI.tsv", "AX.tsv")
@@ -20,7 +20,7 @@ def write_submission(task: Task | str, split: str, idx: Sequence[int], predictio
     """Write ``predictions`` (label ids; STS-B scores) for ``split``'s examples ``idx`` to the leaderboard's file
     for that split in ``out_dir``; return its path.  Rows are written in the order given."""
     if isinstance(task, str):
-        from pipeline.tasks.registry import get_task
+        from pipeline.finetuning.tasks.registry import get_task
 
         task = get_task(task)
     name = task.submission_file(split)

@@ -8,9 +8,9 @@
 
 datamodule is not imported here: it needs Lightning, which loader worker processes do not.
 """
-from pipeline.data.collator import PretrainingCollator
-from pipeline.data.dataset import PretrainingDataset
-from pipeline.data.loader import PretrainingDataLoader
-from pipeline.data.shard_set import ShardSet
+from pipeline.pretraining.data.collator import PretrainingCollator
+from pipeline.pretraining.data.dataset import PretrainingDataset
+from pipeline.pretraining.data.loader import PretrainingDataLoader
+from pipeline.pretraining.data.shard_set import ShardSet
 
 __all__ = ["PretrainingCollator", "PretrainingDataLoader", "PretrainingDataset", "ShardSet"]

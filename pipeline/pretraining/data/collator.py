@@ -25,10 +25,10 @@ import torch
 
 from data_prep.masking import MaskingConfig, MaskingVocab, mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
-from pipeline.data.rows import Rows, concat
-from pipeline.data.shard_set import ShardSet
+from model.bert import IGNORE_INDEX
+from pipeline.pretraining.data.rows import Rows, concat
+from pipeline.pretraining.data.shard_set import ShardSet
 
-IGNORE_INDEX = -100   # model.bert.IGNORE_INDEX: a label slot that takes no part in the loss
 MASK_CHUNK_ROWS = 8192   # at most this many rows per mask_batch call: bounds its (rows, seq) temporaries
 
 

@@ -22,9 +22,9 @@ try:
 except ImportError:  # only the unified `lightning` package is installed
     import lightning.pytorch as pl
 
-from pipeline.data.dataset import PretrainingDataset
-from pipeline.data.loader import PretrainingDataLoader, pin_memory_default
-from pipeline.data.shard_set import ShardSet
+from pipeline.pretraining.data.dataset import PretrainingDataset
+from pipeline.pretraining.data.loader import PretrainingDataLoader, pin_memory_default
+from pipeline.pretraining.data.shard_set import ShardSet
 
 # Lightning warns that an IterableDataset's __len__ "could be inaccurate" with several workers unless each is
 # configured to read different data. PretrainingDataset's workers are (epoch_plan.py), and its len() is exact.

@@ -3,7 +3,7 @@
 Load it with PretrainingDataLoader (loader.py), or a DataLoader with batch_size=None and the num_workers the
 dataset was made for.
 
-What each rank and loader worker reads, and in which order, is pipeline/data/epoch_plan.py: disjoint shares,
+What each rank and loader worker reads, and in which order, is pipeline/pretraining/data/epoch_plan.py: disjoint shares,
 the same number of batches on every rank (the remainder, fewer than world_size * workers * batch_size rows
 at the end of the epoch's shuffled stream, is dropped), a new shuffle every epoch from (seed, epoch).
 
@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from pipeline.data import epoch_plan
-from pipeline.data.collator import PretrainingCollator
-from pipeline.data.packed_batch import PackedBatch
-from pipeline.data.rows import RowGroupReader, Rows, concat
-from pipeline.data.shard_set import ShardSet
+from pipeline.pretraining.data import epoch_plan
+from pipeline.pretraining.data.collator import PretrainingCollator
+from pipeline.pretraining.data.packed_batch import PackedBatch
+from pipeline.pretraining.data.rows import RowGroupReader, Rows, concat
+from pipeline.pretraining.data.shard_set import ShardSet
 
 DEFAULT_BUFFER_ROW_GROUPS = 8   # 8 x 8,192 rows: ~17 MB of int16 tokens at seq 128 per worker
 RUN_BATCHES = 64                # dynamic masking masks this many batches' rows per call

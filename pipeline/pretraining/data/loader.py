@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from pipeline.data.dataset import PretrainingDataset
-from pipeline.data.packed_batch import PackedBatch
+from pipeline.pretraining.data.dataset import PretrainingDataset
+from pipeline.pretraining.data.packed_batch import PackedBatch
 
 
 class PretrainingDataLoader(DataLoader):

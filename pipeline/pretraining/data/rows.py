@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.data.epoch_plan import Piece
-from pipeline.data.shard_set import ShardSet, filesystem_and_path
+from pipeline.pretraining.data.epoch_plan import Piece
+from pipeline.pretraining.data.shard_set import ShardSet, filesystem_and_path
 
 
 @dataclasses.dataclass
@@ -97,7 +97,7 @@ def _read_error(shard_set: ShardSet, file_index: int, group_index: int, error: E
     return ShardReadError(
         f"cannot read row group {group_index} of shard {shard_set.shards[file_index].path} (shard set "
         f"{shard_set.path}): {type(error).__name__}: {error}. The file is corrupt or was changed after data_prep "
-        f"wrote it. Check the whole set against its manifest with `python -m pipeline.data.verify {shard_set.path}` "
+        f"wrote it. Check the whole set against its manifest with `python -m pipeline.pretraining.data.verify {shard_set.path}` "
         "(training does this at start-up unless data.verify_checksums=false), then restore the file from a copy "
         "or re-run data_prep for this set.")
 

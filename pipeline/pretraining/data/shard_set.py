@@ -116,7 +116,7 @@ class ShardSet:
         manifest = _read_manifest(path, max_seq_length)
         _check_fits(path, manifest, max_seq_length, vocab_size)
         if verify_checksums:
-            from pipeline.data.verify import verify_shard_set
+            from pipeline.pretraining.data.verify import verify_shard_set
             result = verify_shard_set(path, manifest)
             if result.bad_files:
                 raise ValueError(f"shard set {path}: {result.bad_files} differ from the sizes and sha256 in its "
@@ -163,7 +163,7 @@ def _check_fits(path: str, manifest: dict[str, Any], max_seq_length: int, vocab_
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise ValueError(f"shard set {path} has manifest format_version {version!r}; this loader reads versions "
                          f"{list(SUPPORTED_FORMAT_VERSIONS)}. Re-run data_prep from this checkout, or update "
-                         "pipeline/data/ to read the new format.")
+                         "pipeline/pretraining/data/ to read the new format.")
     data_length = int(manifest["parameters"]["max_seq_length"])
     if data_length != max_seq_length:
         raise ValueError(

@@ -1,6 +1,6 @@
 """Check a shard set against its manifest (every file's size and sha256) before training reads it.
 
-    python -m pipeline.data.verify <shard set directory>
+    python -m pipeline.pretraining.data.verify <shard set directory>
 
 A corrupt shard otherwise surfaces as a decompression error wherever its row group happens to come in the
 epoch, possibly hours into a run; hashing the set first costs seconds per GB (see README) and names the files.

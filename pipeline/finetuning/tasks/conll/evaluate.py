@@ -15,9 +15,9 @@ from typing import Sequence
 import datasets
 import numpy as np
 
-from pipeline.tasks.conll.features import CUT, column
-from pipeline.tasks.conll.metrics import entity_metrics
-from pipeline.tasks.conll.reader import DOCSTART
+from pipeline.finetuning.tasks.conll.features import CUT, column
+from pipeline.finetuning.tasks.conll.metrics import entity_metrics
+from pipeline.finetuning.tasks.conll.reader import DOCSTART
 
 PREDICTIONS_FILE = "predictions.conll"
 

@@ -19,13 +19,13 @@ Neighbours are the rows of the dataset given (in its order, same ``doc_index``).
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 import datasets
 
-IGNORE_INDEX = -100
+from model.bert import IGNORE_INDEX
+from pipeline.finetuning.fingerprint import cache_key, code_digest
+
 CUT = -1   # word_starts of a word whose first piece did not fit
 
 FEATURES = datasets.Features({
@@ -37,7 +37,7 @@ FEATURES = datasets.Features({
     "word_starts": datasets.List(datasets.Value("int32")),   # per word: its first piece's position, or -1 if cut
 })
 
-_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__)
 
 
 def ner_features(sentences: datasets.Dataset, tokenizer, label_list, max_seq_length: int = 128,
@@ -50,9 +50,8 @@ def ner_features(sentences: datasets.Dataset, tokenizer, label_list, max_seq_len
         raise ValueError(f"max_seq_length must be at least 3 ([CLS] word [SEP]), got {max_seq_length}")
     label_list = tuple(label_list)
     unk_id = tokenizer.tokenizer.token_to_id("[UNK]")
-    fingerprint = hashlib.sha256(
-        f"{sentences._fingerprint}|{tokenizer.fingerprint}|{label_list}|{max_seq_length}|{bool(document_context)}|"
-        f"{_CODE_DIGEST}".encode()).hexdigest()[:16]
+    fingerprint = cache_key(sentences._fingerprint, tokenizer.fingerprint, label_list, max_seq_length,
+                            bool(document_context), _CODE_DIGEST)
     features = sentences.map(
         _featurize, batched=True,
         batch_size=None if document_context else 1000,   # context: the whole split is one batch (neighbours)

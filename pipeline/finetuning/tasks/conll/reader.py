@@ -42,6 +42,8 @@ from typing import Iterator
 
 import datasets
 
+from pipeline.finetuning.fingerprint import code_digest
+
 log = logging.getLogger(__name__)
 
 SCHEMES = ("auto", "iob1", "iob2")
@@ -60,7 +62,7 @@ FEATURES = datasets.Features({
 
 _FIELD_SEPARATOR = re.compile(r"[ \t]+")
 _TAG = re.compile(r"(?:([BI])-(.+)|O)")
-_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__)
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """The CoNLL-2003 named-entity task as the fine-tuning stage uses it (``get_task("conll2003")``).
 
-Its own small class rather than :class:`pipeline.tasks.base.Task` (whose reading and scoring are GLUE's), with the
+Its own small class rather than :class:`pipeline.finetuning.tasks.base.Task` (whose reading and scoring are GLUE's), with the
 same descriptive attributes and the methods the fine-tuning code calls for per-token tasks: ``read``,
 ``featurize``, ``evaluate``.
 
@@ -9,7 +9,7 @@ layout. The test set is labelled, so it is an *evaluation* split: ``eval_splits 
 every epoch like dev, with its own predictions.conll - and ``test_splits = ()`` (those are the unlabelled,
 predict-only splits of GLUE). Model selection uses the first evaluation split, dev.
 
-Settings (``conf/task/conll2003.yaml`` plus ``max_seq_length``): ``document_context`` (bool, default False);
+Settings (``conf/training/task/conll2003.yaml`` plus ``max_seq_length``): ``document_context`` (bool, default False);
 ``scheme`` (auto | iob1 | iob2) is an argument of ``read``.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import datasets
 import numpy as np
 
-from pipeline.tasks.conll.reader import ENTITY_TYPES, LABELS, read_conll
+from pipeline.finetuning.tasks.conll.reader import ENTITY_TYPES, LABELS, read_conll
 
 _SPLITS = {"train": "eng.train", "dev": "eng.testa", "test": "eng.testb"}
 _IOB2_NAMES = {"train": ("train.txt",), "dev": ("valid.txt",), "test": ("test.txt",)}
@@ -82,9 +82,9 @@ class ConllTask:
 
     def featurize(self, rows: datasets.Dataset, tokenizer, settings: dict[str, Any],
                   training: bool = False) -> tuple[datasets.Dataset, dict[str, Any]]:
-        """Features as :func:`pipeline.tasks.conll.features.ner_features` (the same for training and evaluation);
+        """Features as :func:`pipeline.finetuning.tasks.conll.features.ner_features` (the same for training and evaluation);
         settings: ``max_seq_length`` (default 128), ``document_context`` (default False)."""
-        from pipeline.tasks.conll.features import ner_features
+        from pipeline.finetuning.tasks.conll.features import ner_features
 
         return ner_features(rows, tokenizer, self.label_names, max_seq_length=int(settings.get("max_seq_length", 128)),
                             document_context=bool(settings.get("document_context", False)))
@@ -92,9 +92,9 @@ class ConllTask:
     def evaluate(self, rows: datasets.Dataset, features: datasets.Dataset, outputs: Sequence[np.ndarray],
                  settings: dict[str, Any] | None = None) -> tuple[dict[str, float], dict[str, str]]:
         """(metrics, {"predictions.conll": text}) from one (T_i, 9) logits array per feature row; see
-        :func:`pipeline.tasks.conll.evaluate.evaluate`. Metrics: precision, recall, f1 overall and per type
+        :func:`pipeline.finetuning.tasks.conll.evaluate.evaluate`. Metrics: precision, recall, f1 overall and per type
         (``PER/f1`` ...; every type present, 0.0 where it has no gold or predicted entity), ``words_cut``."""
-        from pipeline.tasks.conll.evaluate import evaluate
+        from pipeline.finetuning.tasks.conll.evaluate import evaluate
 
         return evaluate(rows, features, outputs, self.label_names, self.entity_types)
 

@@ -23,19 +23,19 @@ settings and this module's code, so a second run with the same inputs loads them
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
 
+from pipeline.finetuning.fingerprint import cache_key, code_digest
+
 if TYPE_CHECKING:
     from pipeline.finetuning.tokenizer import LoadedTokenizer
 
 FEATURES_VERSION = 1   # bump when the features change for the same inputs (invalidates the cache)
-_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__)
 
 # answer_status of a question (a helper column, dropped before the features are returned)
 ANSWER_OK, NO_ANSWER, MISALIGNED, NO_TOKENS = 0, 1, 2, 3
@@ -187,7 +187,7 @@ def _settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> tu
 def squad_features(examples: datasets.Dataset, tokenizer: "LoadedTokenizer", max_seq_length: int = 384,
                    doc_stride: int = 128, max_query_length: int = 64, training: bool = False
                    ) -> tuple[datasets.Dataset, dict[str, Any]]:
-    """(features, report) for SQuAD examples (the columns of pipeline.tasks.squad.reader).
+    """(features, report) for SQuAD examples (the columns of pipeline.finetuning.tasks.squad.reader).
 
     Feature columns: input_ids, token_type_ids, length, label ([start, end]), example_index (row of `examples`),
     offsets (per token [char_start, char_end] in the context, [-1, -1] outside it), max_context (per token bool).
@@ -196,9 +196,8 @@ def squad_features(examples: datasets.Dataset, tokenizer: "LoadedTokenizer", max
     (an empty context), examples_skipped (training: all of the last four; evaluation: 0).
     """
     max_seq_length, doc_stride, max_query_length = _settings(max_seq_length, doc_stride, max_query_length)
-    key = (f"{examples._fingerprint}|{tokenizer.fingerprint}|{max_seq_length}|{doc_stride}|{max_query_length}|"
-           f"{FEATURES_VERSION}|{_CODE_DIGEST}")
-    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    fingerprint = cache_key(examples._fingerprint, tokenizer.fingerprint, max_seq_length, doc_stride, max_query_length,
+                            FEATURES_VERSION, _CODE_DIGEST)
     features = examples.map(
         _feature_batch, with_indices=True, batched=True, batch_size=1000, remove_columns=examples.column_names,
         features=FEATURE_COLUMNS, new_fingerprint=fingerprint, desc="SQuAD features",

@@ -9,10 +9,11 @@ answer lists.
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import datasets
+
+from pipeline.finetuning.fingerprint import cache_key, code_digest
 
 SQUAD_FEATURES = datasets.Features({
     "id": datasets.Value("string"),
@@ -23,7 +24,7 @@ SQUAD_FEATURES = datasets.Features({
                 "answer_start": datasets.List(datasets.Value("int32"))},
 })
 
-_CODE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+_CODE_DIGEST = code_digest(__file__)
 
 
 def _flatten(articles: dict[str, list], where: str) -> dict[str, list]:
@@ -66,7 +67,7 @@ def read_squad(path: str | Path, cache_dir: str | Path | None = None) -> dataset
     if "paragraphs" not in raw.column_names:
         raise ValueError(f"{where} is not a SQuAD JSON file: its articles have no 'paragraphs' "
                          f"(fields: {', '.join(raw.column_names)})")
-    fingerprint = hashlib.sha256(f"{raw._fingerprint}|{_CODE_DIGEST}".encode()).hexdigest()[:16]
+    fingerprint = cache_key(raw._fingerprint, _CODE_DIGEST)
     try:
         rows = raw.map(_flatten, batched=True, batch_size=100, remove_columns=raw.column_names,
                        features=SQUAD_FEATURES, fn_kwargs={"where": where}, new_fingerprint=fingerprint,

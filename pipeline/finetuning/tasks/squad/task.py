@@ -1,5 +1,5 @@
 """The SQuAD v1.1 task as the fine-tuning stage drives it: read a split, featurize it, evaluate the model's
-per-token start/end logits. Not a pipeline.tasks.base.Task (that describes GLUE-style sequence tasks), but with the
+per-token start/end logits. Not a pipeline.finetuning.tasks.base.Task (that describes GLUE-style sequence tasks), but with the
 same descriptive attributes."""
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 import datasets
 import numpy as np
 
-from pipeline.tasks.squad.evaluate import squad_v1_metrics
-from pipeline.tasks.squad.features import squad_features
-from pipeline.tasks.squad.postprocess import postprocess
-from pipeline.tasks.squad.reader import read_squad
+from pipeline.finetuning.tasks.squad.evaluate import squad_v1_metrics
+from pipeline.finetuning.tasks.squad.features import squad_features
+from pipeline.finetuning.tasks.squad.postprocess import postprocess
+from pipeline.finetuning.tasks.squad.reader import read_squad
 
 if TYPE_CHECKING:
     from pipeline.finetuning.tokenizer import LoadedTokenizer
 
-# The paper's settings (run_squad.py's defaults); the lead's conf/task/ may override any of them.
+# The paper's settings (run_squad.py's defaults); the lead's conf/training/task/ may override any of them.
 DEFAULT_SETTINGS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64, "n_best": 20,
                     "max_answer_length": 30}
 

@@ -1,0 +1,67 @@
+"""FLOPs of a BERT training step and model FLOPs utilisation (MFU): what the throughput callback reports."""
+from __future__ import annotations
+
+from model.config import BertConfig
+
+
+def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -> float:
+    """Model FLOPs per token of one training step (forward + backward) of BertForPreTraining.
+
+    Counts matrix multiplications only (as PaLM's MFU, Chowdhery et al. 2022, appendix B): a multiply-add is 2
+    FLOPs, and the backward pass costs twice the forward, hence 6 FLOPs per weight per token it touches.
+    - encoder: num_layers * (4 C^2 + 2 C I) weights (qkv, attention output, MLP), applied at all T positions;
+    - attention scores and their weighted sum: 2 T C multiply-adds per token per layer, so 12 * L * C * T;
+    - MLM head: transform C^2 + decoder C V, applied at P of T positions only (the gather above);
+    - pooler C^2 + NSP 2 C, applied once per sequence.
+    Embedding lookups, LayerNorm, softmax and GELU are left out. seq_len is the padded length the batch is run
+    at and tokens counted per second must include padding (B * T per step), since padding costs the same.
+    MFU = flops_per_token * tokens_per_second / peak_flops; see mfu().
+    """
+    C, I, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
+    encoder_weights = L * (4 * C * C + 2 * C * I)
+    mlm_head_weights_per_token = (C * C + C * V) * num_masked_per_seq / T
+    nsp_weights_per_token = (C * C + 2 * C) / T
+    attention = 12 * L * C * T
+    return 6 * (encoder_weights + mlm_head_weights_per_token + nsp_weights_per_token) + attention
+
+
+# Dense (no 2:4 sparsity) tensor-core peaks in FLOP/s for bf16 (fp16 on V100, which has no bf16), per GPU,
+# from NVIDIA's datasheets (which quote sparse figures at twice these).
+PEAK_FLOPS: dict[str, float] = {
+    "v100": 125e12,       # V100 SXM2 fp16 (the PCIe card: 112e12); V100 datasheet
+    "a100": 312e12,       # A100 SXM4 and PCIe, 40 and 80 GB; A100 datasheet
+    "a10": 125e12,        # A10 datasheet (GA102, 72 SMs)
+    # AWS's A10G variant: NVIDIA publishes no datasheet; the spec comparison most often cited gives 70 TFLOPS
+    # fp16 tensor (Baseten, "NVIDIA A10 vs A10G for ML model inference") - not 125, the A10's figure.
+    "a10g": 70e12,
+    "h100-sxm": 989e12,   # H100 SXM5; H100 datasheet (989.4; 1,979 with sparsity)
+    "h100-pcie": 756e12,  # H100 PCIe; H100 datasheet (1,513 with sparsity)
+    "h200": 989e12,       # H200 SXM, the same GH100 compute as the H100 SXM; H200 datasheet
+}
+
+
+def peak_flops_for_device(device_name: str) -> float | None:
+    """Peak bf16 FLOP/s for a torch.cuda.get_device_name() string, or None for an unknown GPU."""
+    name = device_name.lower()
+    if "nvl" in name:
+        return None  # the H100 / H200 NVL cards run at lower clocks than the SXM parts; not in the table
+    rules = [("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("a100", "a100"),
+             ("a10g", "a10g"), ("a10", "a10"), ("v100", "v100")]
+    for needle, key in rules:
+        if needle in name:
+            return PEAK_FLOPS[key]
+    return None
+
+
+def mfu(config: BertConfig, seq_len: int, num_masked_per_seq: int, tokens_per_second: float,
+        peak_flops: float | str, num_gpus: int = 1) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the hardware's peak, as a fraction.
+
+    tokens_per_second: padded tokens (B * T) processed per second by all num_gpus together.
+    peak_flops: FLOP/s of one GPU, or a key of PEAK_FLOPS.
+    """
+    if isinstance(peak_flops, str):
+        if peak_flops not in PEAK_FLOPS:
+            raise ValueError(f"unknown GPU {peak_flops!r}; known: {', '.join(PEAK_FLOPS)} (or pass FLOP/s)")
+        peak_flops = PEAK_FLOPS[peak_flops]
+    return flops_per_token(config, seq_len, num_masked_per_seq) * tokens_per_second / (peak_flops * num_gpus)

@@ -1,0 +1,85 @@
+"""What every entry point needs before its own work: harmless library noise silenced, the config resolvers registered,
+and its config composed from its own root.
+
+Each program reads one config root, so its --help lists only its own groups:
+
+    conf/training/   pipeline/train.py (train.yaml) and pipeline/finetune.py (finetune.yaml), with their groups
+    conf/features/   pipeline/extract_features.py and pipeline/probe.py (no groups)
+    conf/data_prep/  data_prep/run.py (one file per preset; see data_prep/presets.py)
+    conf/workflow/   pipeline/workflow.py (one file per workflow)
+
+Entry points import this module first: it silences the known noise before Lightning or Beam is imported. The repository
+is installed editable (`pip install -e .`), so no entry point edits sys.path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from data_prep.known_noise import silence_known_noise
+
+silence_known_noise()
+
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import InterpolationResolutionError  # noqa: E402
+
+from data_prep.presets import REPO_ROOT, register_repo_root_resolver  # noqa: E402
+
+CONFIG_ROOT = REPO_ROOT / "conf"
+TRAINING_CONFIGS = CONFIG_ROOT / "training"
+FEATURES_CONFIGS = CONFIG_ROOT / "features"
+# The config root and primary config of each Hydra program.
+PROGRAMS = {
+    "train": TRAINING_CONFIGS,
+    "finetune": TRAINING_CONFIGS,
+    "extract_features": FEATURES_CONFIGS,
+    "probe": FEATURES_CONFIGS,
+}
+FINETUNE_SAMPLE_DATA = REPO_ROOT / "pipeline" / "finetuning" / "sample_data"
+
+
+def task_data_dir(env_var: str, subdir: str = "", sample: str | None = None) -> str | None:
+    """${task_data_dir:GLUE_DIR,SST-2}: $GLUE_DIR/SST-2 where GLUE_DIR is set, else the bundled sample of that task
+    (pipeline/finetuning/sample_data/<sample or subdir>) if there is one, else null (fine-tuning then says what to
+    pass)."""
+    root = os.environ.get(env_var)
+    if root:
+        return str(Path(root) / subdir)
+    bundled = FINETUNE_SAMPLE_DATA / (sample or subdir) if (sample or subdir) else None
+    return str(bundled) if bundled is not None and bundled.is_dir() else None
+
+
+def register_resolvers() -> None:
+    """The resolvers the configs use: ${repo_root:} and ${task_data_dir:VAR,subdir}."""
+    register_repo_root_resolver()
+    if not OmegaConf.has_resolver("task_data_dir"):
+        OmegaConf.register_new_resolver("task_data_dir", task_data_dir)
+
+
+register_resolvers()
+
+
+def compose(program: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """The config `python pipeline/<program>.py <overrides>` would run, without Hydra's run directory (pass
+    output_dir=<directory> to run it)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    if program not in PROGRAMS:
+        raise ValueError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+    with initialize_config_dir(config_dir=str(PROGRAMS[program]), version_base="1.3"):
+        return hydra_compose(config_name=program, overrides=list(overrides))
+
+
+def output_dir(cfg: DictConfig, program: str) -> Path:
+    """The run's output directory: Hydra's run directory under `python pipeline/<program>.py`, output_dir=... when a
+    program's function is called directly."""
+    try:
+        value = cfg.output_dir
+    except (InterpolationResolutionError, ValueError) as error:
+        raise ValueError(f"output_dir is not set: `python pipeline/{program}.py` takes Hydra's run directory; when "
+                         f"calling its function yourself, pass output_dir=<directory>") from error
+    if not value:
+        raise ValueError("output_dir is empty")
+    return Path(value).resolve()

@@ -1,0 +1,139 @@
+"""Everything a pre-training run checks before it starts: the model, the batch arithmetic for its devices, the
+schedule, the strategy with the optimizer, the checkpoint to resume or start from, the loggers and the shard set
+against the model. A wrong setting stops the run here, saying what to change, not hours into it.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from model import PRESETS, BertConfig
+from pipeline.core import app
+from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
+from pipeline.core.devices import gradient_accumulation, is_first_process, world_size
+from pipeline.core.loggers import check_logger_config
+from pipeline.core.optim import warmup_steps_of
+from pipeline.core.weights import CHECKPOINT_DIR
+
+SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
+# Trainer arguments that train() derives itself; setting them in trainer config would be silently overridden.
+_DERIVED_TRAINER_KEYS = ("accumulate_grad_batches", "strategy", "logger", "callbacks", "default_root_dir")
+log = logging.getLogger("pipeline.pretraining")
+
+
+def model_config_of(cfg: DictConfig) -> BertConfig:
+    """The BertConfig of the model group: a preset, with any field overridden."""
+    fields = OmegaConf.to_container(cfg.model, resolve=True)
+    name = fields.pop("name", None)
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
+    return BertConfig.from_preset(name, **fields)
+
+
+def _optional_path(cfg: DictConfig, key: str) -> str | None:
+    value = cfg.get(key)
+    return None if value in (None, "") else str(value)
+
+
+def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
+    from pipeline.pretraining.data.shard_set import ShardSet
+
+    path, seq = str(cfg.data.path), int(cfg.data.max_seq_length)
+    if seq > model_config.max_position_embeddings:
+        raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
+                         f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
+    try:
+        # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
+        # stops the run now, named, rather than hours in wherever its row group comes.
+        verify = bool(cfg.data.get("verify_checksums", True)) and is_first_process()
+        shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
+                                  verify_checksums=verify)
+    except FileNotFoundError as error:
+        hint = ""
+        if Path(path).resolve() == SAMPLE_SHARDS.resolve():
+            hint = " For the bundled sample, run `python data_prep/run.py` (from the repository root) first."
+        raise FileNotFoundError(f"{error}{hint}") from None
+    expected = cfg.data.get("max_predictions_per_seq")
+    if expected is not None and shard_set.max_predictions_per_seq != int(expected):
+        raise ValueError(f"shard set {path} has max_predictions_per_seq={shard_set.max_predictions_per_seq}, but "
+                         f"data.max_predictions_per_seq={expected}: these shards were made for another phase; set "
+                         f"data.max_predictions_per_seq={shard_set.max_predictions_per_seq} or use the right set")
+    return shard_set
+
+
+def _newest_checkpoint(output_dir: Path) -> str:
+    """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
+    only a temporary file, removed here, and the previous checkpoint whole)."""
+    if is_first_process():
+        for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
+            log.info("removed %s, left by an interrupted checkpoint write", partial)
+    newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
+    if newest is None:
+        raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
+                                "run's output_dir=..., or start without ckpt_path)")
+    log.info("resuming from %s, the newest complete checkpoint", newest)
+    return str(newest)
+
+
+def check_strategy_and_optimizer(cfg: DictConfig) -> None:
+    """LAMB under ZeRO, and a polynomial schedule where DeepSpeed owns the schedule: refused."""
+    strategy = cfg.get("strategy") or {}
+    if strategy.get("name") != "deepspeed":
+        return
+    stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
+    if cfg.optimizer.name in ("lamb", "fused_lamb") and stage >= 1:
+        raise ValueError(
+            f"optimizer={cfg.optimizer.name} with DeepSpeed ZeRO stage {stage}: ZeRO hands the optimizer flattened "
+            "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
+            "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
+            "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
+    if strategy.get("optimizer_in_ds_config", True) and float(cfg.scheduler.get("power", 1.0)) != 1.0:
+        raise ValueError(
+            f"scheduler.power={cfg.scheduler.power}: with strategy.optimizer_in_ds_config=true the schedule is "
+            "DeepSpeed's WarmupDecayLR, which decays linearly only; set strategy.optimizer_in_ds_config=false to use "
+            "this pipeline's optimizer and schedule (pipeline/core/optim.py), or scheduler.power=1.0")
+
+
+class PretrainChecks:
+    """Everything validated before training starts, and what follows from it."""
+
+    def __init__(self, cfg: DictConfig):
+        self.output_dir = app.output_dir(cfg, "train")
+        self.model_config = model_config_of(cfg)
+        self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+        for key in _DERIVED_TRAINER_KEYS:
+            if key in self.trainer_cfg:
+                raise ValueError(f"trainer.{key} is set by train() (accumulate_grad_batches from "
+                                 "data.global_batch_size, strategy from the strategy group); remove it")
+        self.world_size = world_size(self.trainer_cfg)
+        self.micro_batch_size = int(cfg.data.micro_batch_size)
+        self.accumulation = gradient_accumulation(int(cfg.data.global_batch_size), self.micro_batch_size,
+                                                  self.world_size)
+        self.max_steps = int(self.trainer_cfg.get("max_steps", -1))
+        if self.max_steps < 1 and not self.trainer_cfg.get("fast_dev_run"):
+            raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), "
+                             f"got {self.max_steps}")
+        self.schedule_steps = int(cfg.scheduler.get("total_steps") or max(self.max_steps, 1))
+        self.warmup_steps = warmup_steps_of(cfg.scheduler, self.schedule_steps)
+        check_strategy_and_optimizer(cfg)
+        self.ckpt_path = _optional_path(cfg, "ckpt_path")
+        if self.ckpt_path == "last":
+            self.ckpt_path = _newest_checkpoint(self.output_dir)
+        if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
+            raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
+                                    f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
+        self.init_from = _optional_path(cfg, "init_from_checkpoint")
+        if self.init_from is None and self.ckpt_path is None and cfg.get("require_init_from_checkpoint"):
+            raise ValueError("this experiment starts from the weights of an earlier run (phase 2 from phase 1): "
+                             "pass init_from_checkpoint=<phase-1 output_dir>/checkpoints/last.ckpt (a .ckpt file, "
+                             "a DeepSpeed checkpoint directory or an hf_export directory)")
+        if self.init_from is not None and not Path(self.init_from).exists():
+            raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
+                                    "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
+        check_logger_config(cfg.logger)
+        self.shard_set = _open_shard_set(cfg, self.model_config)
+
+

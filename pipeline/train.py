@@ -1,0 +1,27 @@
+"""Entry point: pre-train BERT (masked LM + next sentence) on data_prep's shards, from the configs in conf/training/.
+
+    python pipeline/train.py                                  # tiny BERT, CPU, bundled sample, a few minutes
+    python pipeline/train.py model=mini trainer.max_steps=2000 optimizer.lr=3e-4
+    python pipeline/train.py +experiment=bert_base            # the paper's BERT-base phase 1, GPUs, DeepSpeed
+    python pipeline/train.py +experiment=bert_large_phase2 init_from_checkpoint=<phase-1 run>/checkpoints/last.ckpt
+    python pipeline/train.py +debug=dryrun                    # every stage of the pipeline in a few seconds
+    python pipeline/train.py ckpt_path=last hydra.run.dir=<run>   # resume a run, same logs
+
+The run itself: pipeline/pretraining/run.py.
+"""
+import hydra
+from omegaconf import DictConfig
+
+from pipeline.core import app  # noqa: F401  (first: silences known noise, registers the config resolvers)
+from pipeline.pretraining.run import summary, train
+
+
+@hydra.main(config_path="../conf/training", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    result = train(cfg)
+    if result["rank"] == 0:
+        print(summary(result))
+
+
+if __name__ == "__main__":
+    main()
