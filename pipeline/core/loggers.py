@@ -4,6 +4,10 @@
     offline    <output_dir>/wandb/offline-run-*/run-*.wandb; no network. Upload later: `wandb sync <that dir>`
     online     streams to W&B; the API key is read by wandb from WANDB_API_KEY and nowhere else
 
+A run keeps one W&B run across restarts: its id is written to <output_dir>/wandb/run_id when the run starts, and a
+resumed run (from a checkpoint, or a SLURM requeue) continues the W&B run of that id, so one training phase is one
+curve on the dashboard whatever the number of requeues.
+
 The key never passes through this code: it is not read, logged, or put into any config (Lightning's
 hyperparameters, Hydra's .hydra/ dump and W&B's run config hold only the training config). W&B's files (run
 directory, cache, artefact staging) are kept inside the run's output directory unless WANDB_DIR / WANDB_CACHE_DIR
@@ -21,8 +25,12 @@ from pytorch_lightning.loggers import CSVLogger, Logger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
+from pipeline.core.atomic_files import write_atomically
+from pipeline.core.devices import is_first_process
+
 WANDB_MODES = ("disabled", "offline", "online")
 CSV_DIR = "csv"
+WANDB_RUN_ID_FILE = Path("wandb") / "run_id"
 
 
 def csv_metrics_path(output_dir: str | Path) -> Path:
@@ -81,6 +89,7 @@ def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Ma
     from pytorch_lightning.loggers import WandbLogger
 
     (output_dir / "wandb").mkdir(parents=True, exist_ok=True)
+    run_id = wandb_run_id(output_dir, resume)
     logger = WandbLogger(
         save_dir=str(output_dir),
         project=cfg.get("project") or "bert-pretraining",
@@ -91,9 +100,27 @@ def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Ma
         log_model=bool(cfg.get("log_model", False)),
         mode=mode,
         config=dict(run_config) if run_config is not None else None,
+        id=run_id,
+        resume="allow",   # the id's run continues where it exists (online), or starts under that id
     )
     loggers.append(logger)
     return loggers
+
+
+def wandb_run_id(output_dir: Path, resume: bool) -> str:
+    """The W&B run id of this output directory: the one recorded there when resuming, else a new one, recorded (by
+    the first process only: the other ranks log nothing to W&B)."""
+    import wandb
+
+    path = output_dir / WANDB_RUN_ID_FILE
+    if resume and path.is_file():
+        recorded = path.read_text(encoding="utf-8").strip()
+        if recorded:
+            return recorded
+    run_id = wandb.util.generate_id()
+    if is_first_process():
+        write_atomically(path, run_id + "\n")
+    return run_id
 
 
 @contextlib.contextmanager

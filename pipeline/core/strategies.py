@@ -211,6 +211,18 @@ def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_v
     return config
 
 
+def check_strategy_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
+                          micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
+                          accelerator: str = "auto") -> None:
+    """Refuse a strategy that build_strategy would refuse with these settings, without building it (no process
+    group, no device): its keys, and for DeepSpeed the whole config (precision, ZeRO section, optimizer)."""
+    cfg = _checked_strategy_cfg(strategy_cfg)
+    if cfg["name"] == "deepspeed":
+        deepspeed_config(cfg, precision=precision, gradient_clip_val=gradient_clip_val,
+                         micro_batch_size=micro_batch_size, accumulate_grad_batches=accumulate_grad_batches,
+                         optimizer_cfg=optimizer_cfg, accelerator=accelerator)
+
+
 def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
                    micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
                    accelerator: str = "auto") -> str | pl.strategies.Strategy:

@@ -4,6 +4,7 @@ against the model. A wrong setting stops the run here, saying what to change, no
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ from omegaconf import DictConfig, OmegaConf
 from model import PRESETS, BertConfig
 from pipeline.core import app
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
-from pipeline.core.devices import gradient_accumulation, is_first_process, world_size
+from pipeline.core import devices
+from pipeline.core.devices import gradient_accumulation, is_first_process
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.optim import warmup_steps_of
+from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
 
 SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
@@ -42,9 +45,6 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
     from pipeline.pretraining.data.shard_set import ShardSet
 
     path, seq = str(cfg.data.path), int(cfg.data.max_seq_length)
-    if seq > model_config.max_position_embeddings:
-        raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
-                         f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     try:
         # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
         # stops the run now, named, rather than hours in wherever its row group comes.
@@ -97,28 +97,70 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "this pipeline's optimizer and schedule (pipeline/core/optim.py), or scheduler.power=1.0")
 
 
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """What a pre-training config gives at the number of processes it runs on."""
+    model_config: BertConfig
+    trainer_cfg: dict[str, Any]
+    world_size: int
+    micro_batch_size: int
+    accumulation: int            # micro-batches per optimizer step on each process
+    max_steps: int
+    schedule_steps: int
+    warmup_steps: int
+
+
+def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
+    """Every check of a pre-training config that needs neither files nor devices, at `world_size` processes
+    (default: what the trainer config gives on this machine): the model, the global batch over micro-batch x
+    devices x nodes, the schedule, the strategy with the optimizer and the precision, the sequence length against the
+    model's positions, a phase-2 start without weights to start from, the W&B mode and key. The workflow runs it for
+    each pre-training stage at the shape the stage declares, before anything is submitted."""
+    model_config = model_config_of(cfg)
+    trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+    for key in _DERIVED_TRAINER_KEYS:
+        if key in trainer_cfg:
+            raise ValueError(f"trainer.{key} is set by train() (accumulate_grad_batches from "
+                             "data.global_batch_size, strategy from the strategy group); remove it")
+    world = world_size if world_size is not None else devices.world_size(trainer_cfg)
+    micro_batch_size = int(cfg.data.micro_batch_size)
+    accumulation = gradient_accumulation(int(cfg.data.global_batch_size), micro_batch_size, world)
+    max_steps = int(trainer_cfg.get("max_steps", -1))
+    if max_steps < 1 and not trainer_cfg.get("fast_dev_run"):
+        raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), got {max_steps}")
+    schedule_steps = int(cfg.scheduler.get("total_steps") or max(max_steps, 1))
+    warmup_steps = warmup_steps_of(cfg.scheduler, schedule_steps)
+    seq = int(cfg.data.max_seq_length)
+    if seq > model_config.max_position_embeddings:
+        raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
+                         f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
+    check_strategy_and_optimizer(cfg)
+    check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
+                          gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
+                          accumulate_grad_batches=accumulation, accelerator=str(trainer_cfg.get("accelerator", "auto")),
+                          optimizer_cfg={**OmegaConf.to_container(cfg.optimizer, resolve=True),
+                                         "warmup_steps": warmup_steps, "total_steps": schedule_steps})
+    starts_from_weights = _optional_path(cfg, "init_from_checkpoint") or _optional_path(cfg, "ckpt_path")
+    if cfg.get("require_init_from_checkpoint") and not starts_from_weights:
+        raise ValueError("this experiment starts from the weights of an earlier run (phase 2 from phase 1): "
+                         "pass init_from_checkpoint=<phase-1 output_dir>/checkpoints/last.ckpt (a .ckpt file, "
+                         "a DeepSpeed checkpoint directory or an hf_export directory)")
+    check_logger_config(cfg.logger)
+    return RunShape(model_config, trainer_cfg, world, micro_batch_size, accumulation, max_steps, schedule_steps,
+                    warmup_steps)
+
+
 class PretrainChecks:
-    """Everything validated before training starts, and what follows from it."""
+    """Everything validated before training starts (preflight, then the files: the checkpoint to resume or start
+    from, the shard set against the model), and what follows from it."""
 
     def __init__(self, cfg: DictConfig):
         self.output_dir = app.output_dir(cfg, "train")
-        self.model_config = model_config_of(cfg)
-        self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-        for key in _DERIVED_TRAINER_KEYS:
-            if key in self.trainer_cfg:
-                raise ValueError(f"trainer.{key} is set by train() (accumulate_grad_batches from "
-                                 "data.global_batch_size, strategy from the strategy group); remove it")
-        self.world_size = world_size(self.trainer_cfg)
-        self.micro_batch_size = int(cfg.data.micro_batch_size)
-        self.accumulation = gradient_accumulation(int(cfg.data.global_batch_size), self.micro_batch_size,
-                                                  self.world_size)
-        self.max_steps = int(self.trainer_cfg.get("max_steps", -1))
-        if self.max_steps < 1 and not self.trainer_cfg.get("fast_dev_run"):
-            raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), "
-                             f"got {self.max_steps}")
-        self.schedule_steps = int(cfg.scheduler.get("total_steps") or max(self.max_steps, 1))
-        self.warmup_steps = warmup_steps_of(cfg.scheduler, self.schedule_steps)
-        check_strategy_and_optimizer(cfg)
+        shape = preflight(cfg)
+        self.model_config, self.trainer_cfg, self.world_size = shape.model_config, shape.trainer_cfg, shape.world_size
+        self.micro_batch_size, self.accumulation, self.max_steps = (shape.micro_batch_size, shape.accumulation,
+                                                                    shape.max_steps)
+        self.schedule_steps, self.warmup_steps = shape.schedule_steps, shape.warmup_steps
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
         if self.ckpt_path == "last":
             self.ckpt_path = _newest_checkpoint(self.output_dir)
@@ -126,14 +168,7 @@ class PretrainChecks:
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
         self.init_from = _optional_path(cfg, "init_from_checkpoint")
-        if self.init_from is None and self.ckpt_path is None and cfg.get("require_init_from_checkpoint"):
-            raise ValueError("this experiment starts from the weights of an earlier run (phase 2 from phase 1): "
-                             "pass init_from_checkpoint=<phase-1 output_dir>/checkpoints/last.ckpt (a .ckpt file, "
-                             "a DeepSpeed checkpoint directory or an hf_export directory)")
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
-        check_logger_config(cfg.logger)
         self.shard_set = _open_shard_set(cfg, self.model_config)
-
-
