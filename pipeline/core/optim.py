@@ -15,6 +15,8 @@ Optimizers (`optimizer.name`):
   lr * ||w|| either way, and in the first few thousand steps the weight-decay term weighs less against the Adam
   term than in apex (by sqrt(1 - beta2^t) / (1 - beta1^t): 0.32 at step 1, 0.8 at step 1,000).
 - fused_lamb: deepspeed.ops.lamb.FusedLamb, DeepSpeed's CUDA kernel (CUDA only).
+Under DeepSpeed ZeRO-Offload (the optimizer step on the CPU) AdamW is deepspeed.ops.adam.DeepSpeedCPUAdam, the same
+update over the same groups: DeepSpeed takes no other optimizer there.
 
 Schedules: linear warmup from 0 to the peak, then (remaining / decay steps) ** power down to 0 at total_steps
 (power 1: linear, as BERT; 0.5: NVIDIA's shape). A LambdaLR stepped once per optimizer step.
@@ -49,12 +51,19 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any]) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = False) -> torch.optim.Optimizer:
+    """offload: the strategy steps the optimizer on the CPU (DeepSpeed ZeRO-Offload)."""
     name = cfg["name"]
     lr, weight_decay = float(cfg["lr"]), float(cfg.get("weight_decay", 0.0))
     betas = tuple(float(b) for b in cfg.get("betas", (0.9, 0.999)))
     eps = float(cfg.get("eps", 1e-6))
     groups = param_groups(model, weight_decay)
+    if offload:
+        if name != "adamw":
+            raise ValueError(f"optimizer={name} with ZeRO-Offload: DeepSpeed steps an offloaded optimizer with "
+                             "DeepSpeedCPUAdam only; use optimizer=adamw, or a strategy without offload")
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adamw_mode=True)
     if name == "adamw":
         fused = cfg.get("fused")
         # torch's fused kernel exists for CUDA and (since torch 2.4) the CPU; on the CPU the per-tensor loop it

@@ -1,4 +1,4 @@
-"""Training strategies: a `conf/training/strategy/*.yaml` file (+ trainer, data and optimizer settings) -> a Lightning strategy.
+"""Training strategies: a `conf/training/strategy/*.yaml` file (+ trainer and data settings) -> a Lightning strategy.
 
     auto                     -> "auto" (Lightning picks: one device, or DDP)
     ddp                      -> DDPStrategy, gloo on CPU / nccl on CUDA, find_unused_parameters=False
@@ -6,32 +6,20 @@
                              -> DeepSpeedStrategy(config=<full DeepSpeed config>), or CPUDeepSpeedStrategy on CPU
                                 (pipeline/core/cpu_deepspeed.py)
 
+Every strategy trains with the same optimizer, parameter groups and schedule: the LightningModule's
+`configure_optimizers` (pipeline/core/optim.py: no weight decay on biases and LayerNorm, as google-research/bert,
+and the pipeline's LambdaLR schedule, stepped once per optimizer step). DeepSpeed wraps that optimizer (ZeRO
+partitions its state) and steps that scheduler; its own config never holds an optimizer or scheduler section, which
+would be one parameter group (weight decay on every parameter) and DeepSpeed's own schedule. Under ZeRO-Offload the
+optimizer step runs on the CPU, so the optimizer built for it is DeepSpeedCPUAdam over the same groups
+(`offloads_optimizer`).
+
 The DeepSpeed config is built by `deepspeed_config`, a pure function, from one place each:
     ZeRO section, buckets, offload      <- the strategy file (`zero_optimization`, verbatim)
     bf16 / fp16 (+ dynamic loss scale)  <- the Trainer's precision
     gradient_clipping                   <- the training config's gradient_clip_val
     train_micro_batch_size_per_gpu      <- the data config's per-device batch size
     gradient_accumulation_steps         <- the Trainer's accumulate_grad_batches
-    optimizer, scheduler                <- the optimizer config (see `optimizer_section`, `scheduler_section`)
-
-Optimizer and scheduler live in the DeepSpeed config (`optimizer_in_ds_config: true`, the default), so DeepSpeed
-builds its own optimizer: on CUDA FusedAdam for AdamW (DeepSpeedCPUAdam when the optimizer state is offloaded) and
-FusedLamb for LAMB (ZeRO stage 0 only: ZeRO hands the optimizer flat partitions of many tensors, which breaks
-LAMB's per-tensor trust ratio, and DeepSpeed does not list LAMB as ZeRO-supported). The LightningModule's
-`configure_optimizers` is then never called (it must still exist: Lightning checks that it is defined).
-
-The scheduler is therefore given to DeepSpeed too, as WarmupDecayLR, and not left to Lightning: once the DeepSpeed
-config holds the optimizer, Lightning does not call `configure_optimizers`, so no Lightning-side scheduler can
-exist. WarmupDecayLR with warmup_type linear is BERT's schedule (linear warm-up from 0 to lr, linear decay to 0 at
-`total_steps`). Lightning takes the DeepSpeed scheduler over and steps it once per optimizer step, after
-gradient accumulation, so `total_steps` counts optimizer steps like trainer.max_steps. It is set up so that
-optimizer step k (0-based) runs at lr * factor(k) exactly as google-research/bert and pipeline/core/optim.py do
-(k / warmup, then (total - k) / (total - warmup)): the optimizer section starts at lr 0.0 (= factor(0)) and the
-scheduler at `last_batch_iteration: 0`; DeepSpeed's default start (-1) would lag the reference by one step.
-
-Caveat: DeepSpeed's config optimizer gets one parameter group, so weight decay also applies to biases and
-LayerNorm weights (the reference excludes them). `optimizer_in_ds_config: false` leaves optimizer and scheduler to
-`configure_optimizers` (pipeline/core/optim.py: no-decay groups, any schedule).
 """
 from __future__ import annotations
 
@@ -51,8 +39,8 @@ STRATEGY_NAMES = ("auto", "ddp", "deepspeed")
 _STRATEGY_KEYS = {
     "auto": {"name"},
     "ddp": {"name", "find_unused_parameters", "gradient_as_bucket_view", "static_graph", "process_group_backend"},
-    "deepspeed": {"name", "zero_optimization", "zero_allow_untested_optimizer", "optimizer_in_ds_config",
-                  "loss_scaling", "steps_per_print", "wall_clock_breakdown"},
+    "deepspeed": {"name", "zero_optimization", "zero_allow_untested_optimizer", "loss_scaling", "steps_per_print",
+                  "wall_clock_breakdown"},
 }
 _LOSS_SCALING_KEYS = {"initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}
 
@@ -62,9 +50,6 @@ _PRECISIONS = {
     "16-mixed": (False, True), "16-true": (False, True), "16": (False, True),
     "32-true": (False, False), "32": (False, False),
 }
-
-# Optimizer config name -> DeepSpeed optimizer type (DeepSpeed matches types case-insensitively)
-_DS_OPTIMIZERS = {"adamw": "AdamW", "lamb": "Lamb", "fused_lamb": "Lamb"}
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
@@ -123,67 +108,12 @@ def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | N
     return {"bf16": {"enabled": bf16}, "fp16": fp16_section}
 
 
-def optimizer_section(optimizer_cfg: Any, *, accelerator: str = "cuda", offload_optimizer: bool = False,
-                      zero_stage: int = 0) -> dict[str, Any]:
-    """DeepSpeed `optimizer` section from the optimizer config: `name` (adamw | lamb | fused_lamb), `lr`, `betas`,
-    `eps`, `weight_decay`; other keys are ignored.
-
-    On CUDA, type AdamW makes DeepSpeed build FusedAdam (adam_w_mode) and type Lamb FusedLamb; with the optimizer
-    state offloaded it builds DeepSpeedCPUAdam. On the CPU accelerator (tests, laptops) AdamW gets `torch_adam: true`:
-    torch.optim.AdamW, the same update, without JIT-compiling DeepSpeed's CPU FusedAdam op. LAMB exists in DeepSpeed
-    only as the CUDA FusedLamb, and only without ZeRO partitioning (stage 0).
-    `lr` is 0.0, the rate of the first step: the scheduler section holds the peak rate (see the module docstring).
-    """
-    cfg = _plain(optimizer_cfg)
-    missing = [k for k in ("name", "lr", "betas", "eps", "weight_decay") if cfg.get(k) is None]
-    if missing:
-        raise ValueError(f"optimizer config lacks {missing} (needed for the DeepSpeed optimizer section)")
-    name = str(cfg["name"]).lower()
-    if name not in _DS_OPTIMIZERS:
-        raise ValueError(f"optimizer.name must be one of {sorted(_DS_OPTIMIZERS)} with DeepSpeed, got {cfg['name']!r}")
-    betas = [float(b) for b in cfg["betas"]]
-    if len(betas) != 2:
-        raise ValueError(f"optimizer.betas must hold two numbers, got {cfg['betas']!r}")
-    params: dict[str, Any] = {"lr": 0.0, "betas": betas, "eps": float(cfg["eps"]),
-                              "weight_decay": float(cfg["weight_decay"])}
-    if _DS_OPTIMIZERS[name] == "Lamb":
-        if zero_stage >= 1:
-            raise ValueError(f"LAMB with DeepSpeed ZeRO stage {zero_stage}: ZeRO gives the optimizer flat partitions "
-                             "of many tensors, so LAMB's per-tensor trust ratio would be wrong. Use AdamW with ZeRO, "
-                             "or LAMB with strategy=ddp or optimizer_in_ds_config=false")
-        if accelerator == "cpu":
-            raise ValueError("LAMB with DeepSpeed is FusedLamb, which needs CUDA; use optimizer.name=adamw on CPU")
-    elif accelerator == "cpu" and not offload_optimizer:
-        params["torch_adam"] = True
-    return {"type": _DS_OPTIMIZERS[name], "params": params}
-
-
-def scheduler_section(optimizer_cfg: Any) -> dict[str, Any]:
-    """DeepSpeed `scheduler` section: WarmupDecayLR, linear warm-up from 0 to `lr` over `warmup_steps`, then linear
-    decay to 0 at `total_steps` (optimizer steps, e.g. trainer.max_steps): BERT's schedule. Starting at iteration 0
-    (with the optimizer at lr 0.0), optimizer step k runs at lr * k / warmup_steps during the warm-up."""
-    cfg = _plain(optimizer_cfg)
-    missing = [k for k in ("lr", "warmup_steps", "total_steps") if cfg.get(k) is None]
-    if missing:
-        raise ValueError(f"optimizer config lacks {missing} (needed for DeepSpeed's WarmupDecayLR)")
-    warmup, total = int(cfg["warmup_steps"]), int(cfg["total_steps"])
-    if not 2 <= warmup < total:
-        raise ValueError(f"DeepSpeed's WarmupDecayLR needs 2 <= warmup_steps < total_steps (it rejects 0 and runs 1 "
-                         f"as 2), got warmup_steps={warmup}, total_steps={total}; for other schedules set "
-                         "strategy.optimizer_in_ds_config=false")
-    return {"type": "WarmupDecayLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": float(cfg["lr"]), "warmup_num_steps": warmup,
-                       "total_num_steps": total, "warmup_type": "linear", "last_batch_iteration": 0}}
-
-
 def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
-                     micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
-                     accelerator: str = "cuda") -> dict[str, Any]:
+                     micro_batch_size: int, accumulate_grad_batches: int) -> dict[str, Any]:
     """The full DeepSpeed config dict for a `deepspeed` strategy file. Pure: no DeepSpeed import, no environment."""
     cfg = _checked_strategy_cfg(strategy_cfg)
     if cfg["name"] != "deepspeed":
         raise ValueError(f"deepspeed_config needs a deepspeed strategy, got name={cfg['name']!r}")
-    accelerator = resolve_accelerator(accelerator)   # pure unless given "auto"
     if int(micro_batch_size) < 1 or int(accumulate_grad_batches) < 1:
         raise ValueError(f"micro_batch_size and accumulate_grad_batches must be >= 1, "
                          f"got {micro_batch_size}, {accumulate_grad_batches}")
@@ -203,31 +133,33 @@ def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_v
         "wall_clock_breakdown": bool(cfg.get("wall_clock_breakdown", False)),
         **precision_sections(precision, cfg.get("loss_scaling")),
     }
-    if cfg.get("optimizer_in_ds_config", True):
-        offload = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
-        config["optimizer"] = optimizer_section(optimizer_cfg, accelerator=accelerator, offload_optimizer=offload,
-                                                zero_stage=int(zero["stage"]))
-        config["scheduler"] = scheduler_section(optimizer_cfg)
     return config
 
 
 def check_strategy_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
-                          micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
-                          accelerator: str = "auto") -> None:
+                          micro_batch_size: int, accumulate_grad_batches: int) -> None:
     """Refuse a strategy that build_strategy would refuse with these settings, without building it (no process
-    group, no device): its keys, and for DeepSpeed the whole config (precision, ZeRO section, optimizer)."""
+    group, no device): its keys, and for DeepSpeed the whole config (precision, ZeRO section, batch)."""
     cfg = _checked_strategy_cfg(strategy_cfg)
     if cfg["name"] == "deepspeed":
         deepspeed_config(cfg, precision=precision, gradient_clip_val=gradient_clip_val,
-                         micro_batch_size=micro_batch_size, accumulate_grad_batches=accumulate_grad_batches,
-                         optimizer_cfg=optimizer_cfg, accelerator=accelerator)
+                         micro_batch_size=micro_batch_size, accumulate_grad_batches=accumulate_grad_batches)
+
+
+def offloads_optimizer(strategy: Any) -> bool:
+    """Whether a built strategy runs the optimizer step on the CPU (DeepSpeed ZeRO-Offload): the optimizer it takes
+    must then be DeepSpeedCPUAdam (DeepSpeed refuses others there)."""
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return False
+    offload = (strategy.config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return offload.get("device", "none") not in ("none", None)
 
 
 def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
-                   micro_batch_size: int, accumulate_grad_batches: int, optimizer_cfg: Any,
+                   micro_batch_size: int, accumulate_grad_batches: int,
                    accelerator: str = "auto") -> str | pl.strategies.Strategy:
-    """The Lightning strategy for a `conf/training/strategy/*.yaml` config. Pass the same precision, gradient_clip_val and
-    accumulate_grad_batches to the Trainer: Lightning sets `gradient_accumulation_steps` in the DeepSpeed config
+    """The Lightning strategy for a `conf/training/strategy/*.yaml` config. Pass the same precision, gradient_clip_val
+    and accumulate_grad_batches to the Trainer: Lightning sets `gradient_accumulation_steps` in the DeepSpeed config
     itself (from Trainer(accumulate_grad_batches)) and refuses a config that already has it, so it is left out here.
     """
     cfg = _checked_strategy_cfg(strategy_cfg)
@@ -242,8 +174,7 @@ def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val
             static_graph=bool(cfg.get("static_graph", False)),
         )
     config = deepspeed_config(cfg, precision=precision, gradient_clip_val=gradient_clip_val,
-                              micro_batch_size=micro_batch_size, accumulate_grad_batches=accumulate_grad_batches,
-                              optimizer_cfg=optimizer_cfg, accelerator=device)
+                              micro_batch_size=micro_batch_size, accumulate_grad_batches=accumulate_grad_batches)
     del config["gradient_accumulation_steps"]
     if device == "cpu":
         # DeepSpeed picks its accelerator once, at import; without CUDA it falls back to CPU anyway.

@@ -25,6 +25,7 @@ import torch
 
 from model import BertConfig, BertForPreTraining
 from pipeline.core.optim import build_optimizer, build_scheduler
+from pipeline.core.strategies import offloads_optimizer
 
 RNG_KEY = "rng_states"
 # Order of the per-window sums: [loss, mlm_loss, nsp_loss, micro_batches, mlm_correct, mlm_total, nsp_correct,
@@ -132,7 +133,8 @@ class BertPretrainingModule(pl.LightningModule):
                 self.log("train/grad_norm", float(norm), on_step=True, on_epoch=False)
 
     def configure_optimizers(self):
-        optimizer = build_optimizer(self.model, self.hparams.optimizer)
+        # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.
+        optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy))
         scheduler = build_scheduler(optimizer, self.hparams.scheduler, self.hparams.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 

@@ -52,12 +52,10 @@ def _build_callbacks(cfg: DictConfig, checkpoint_dir: Path, progress_bar: bool
 
 
 def _build_strategy(cfg: DictConfig, plan: PretrainChecks):
-    optimizer_cfg = {**OmegaConf.to_container(cfg.optimizer, resolve=True),
-                     "warmup_steps": plan.warmup_steps, "total_steps": plan.schedule_steps}
     return build_strategy(cfg.strategy, precision=str(plan.trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=plan.trainer_cfg.get("gradient_clip_val"),
                           micro_batch_size=plan.micro_batch_size, accumulate_grad_batches=plan.accumulation,
-                          optimizer_cfg=optimizer_cfg, accelerator=str(plan.trainer_cfg.get("accelerator", "auto")))
+                          accelerator=str(plan.trainer_cfg.get("accelerator", "auto")))
 
 
 def _checkpoint_plugins(strategy) -> list:
