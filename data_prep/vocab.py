@@ -12,6 +12,9 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# google-research/bert's WordpieceTokenizer: a word longer than this (in characters) is one [UNK]. `tokenizers`
+# defaults to 100, which would turn words of 101-200 characters into [UNK] where the reference has pieces.
+MAX_INPUT_CHARS_PER_WORD = 200
 
 
 def parse_vocab(text: str) -> list[str]:
@@ -35,7 +38,8 @@ def vocab_sha256(tokens: list[str]) -> str:
 
 
 def build_tokenizer(tokens: list[str], lowercase: bool) -> Tokenizer:
-    tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(tokens)}, unk_token="[UNK]"))
+    tokenizer = Tokenizer(models.WordPiece({token: i for i, token in enumerate(tokens)}, unk_token="[UNK]",
+                                           max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
     _configure(tokenizer, lowercase)
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
     cls_id, sep_id = tokens.index("[CLS]"), tokens.index("[SEP]")
@@ -49,7 +53,7 @@ def build_tokenizer(tokens: list[str], lowercase: bool) -> Tokenizer:
 
 def train_vocab(texts: Iterable[str], vocab_size: int, lowercase: bool, min_frequency: int = 2) -> list[str]:
     """Train a WordPiece vocabulary; [PAD] [UNK] [CLS] [SEP] [MASK] take ids 0-4."""
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
     _configure(tokenizer, lowercase)
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),

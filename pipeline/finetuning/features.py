@@ -2,7 +2,8 @@
 
 As google-research/bert's run_classifier.py: a single sentence is cut to max_seq_length - 2 tokens; a pair is cut
 to max_seq_length - 3 by taking tokens off the end of the longer side, one at a time (the second on ties), which
-`truncated_lengths` computes in closed form. Multiple choice (SWAG) makes one pair per ending, as the paper
+`truncated_lengths` computes in closed form. A pair whose second text has no tokens (empty, or only whitespace) is a
+single sentence, [CLS] a [SEP], as the reference encodes it. Multiple choice (SWAG) makes one pair per ending, as the paper
 describes: the context as segment A, the ending's start followed by the ending as segment B.
 
 The featurized dataset is cached by `datasets` under a fingerprint of the rows, the tokenizer, the length and
@@ -17,7 +18,7 @@ import datasets
 from pipeline.finetuning.fingerprint import cache_key
 from pipeline.finetuning.tokenizer import LoadedTokenizer
 
-FEATURES_VERSION = 1   # bump when the features change for the same inputs (invalidates the cache)
+FEATURES_VERSION = 2   # bump when the features change for the same inputs (invalidates the cache)
 
 
 def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -35,8 +36,8 @@ def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
 
 def encode_pair(ids_a: list[int], ids_b: list[int] | None, max_seq_length: int, cls_id: int,
                 sep_id: int) -> tuple[list[int], list[int], int]:
-    """([CLS] a [SEP] (b [SEP]), segment ids, tokens cut)."""
-    if ids_b is None:
+    """([CLS] a [SEP] (b [SEP]), segment ids, tokens cut). No b, or a b without tokens: a single sentence."""
+    if not ids_b:
         keep_a = min(len(ids_a), max_seq_length - 2)
         return [cls_id, *ids_a[:keep_a], sep_id], [0] * (keep_a + 2), len(ids_a) - keep_a
     keep_a, keep_b = truncated_lengths(len(ids_a), len(ids_b), max_seq_length - 3)

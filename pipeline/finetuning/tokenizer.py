@@ -4,6 +4,8 @@ A directory gives tokenizer.json when it has one (what data_prep and our exports
 for bert-base-uncased), else its vocab.txt with BERT's normaliser, lower-casing as tokenizer_config.json's
 do_lower_case says (uncased when it says nothing, as google-research/bert's default). Special tokens are added by the
 featurizers, never by the tokenizer, so a tokenizer.json's post-processor, padding and truncation are switched off.
+A WordPiece tokenizer.json's longest word is set to the reference's 200 characters (Hugging Face's files say 100),
+so fine-tuning splits words exactly as google-research/bert and our pre-training data do.
 """
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
-from data_prep.vocab import build_tokenizer, parse_vocab
+from data_prep.vocab import MAX_INPUT_CHARS_PER_WORD, build_tokenizer, parse_vocab
 
 REQUIRED_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]")
 
@@ -50,14 +52,16 @@ def load_tokenizer(source: str | Path | None, model_vocab_size: int) -> LoadedTo
         tokenizer.post_processor = None
         tokenizer.no_padding()
         tokenizer.no_truncation()
+        if isinstance(tokenizer.model, models.WordPiece):
+            tokenizer.model.max_input_chars_per_word = MAX_INPUT_CHARS_PER_WORD
         normalizer = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("normalizer") or {}
         lowercase = bool(normalizer.get("lowercase", lowercase))
-        fingerprint_text = tokenizer_json.read_text(encoding="utf-8")
+        fingerprint_text = tokenizer.to_str()
     elif vocab_file.is_file():
         tokens = parse_vocab(vocab_file.read_text(encoding="utf-8"))
         tokenizer = build_tokenizer(tokens, lowercase)
         tokenizer.post_processor = None
-        fingerprint_text = "\n".join(tokens) + f"\nlowercase={lowercase}"
+        fingerprint_text = "\n".join(tokens) + f"\nlowercase={lowercase}\nmax_chars={MAX_INPUT_CHARS_PER_WORD}"
     else:
         raise FileNotFoundError(f"no tokenizer at {source}: expected tokenizer.json or vocab.txt there")
 

@@ -1,5 +1,7 @@
-"""Tokenization: the ASCII fast path gives exactly the full BERT tokenizer's ids."""
+"""Tokenization: the ASCII fast path gives exactly the full BERT tokenizer's ids, and words split as the reference's."""
 import string
+
+import pytest
 
 from hypothesis import given, settings, strategies as st
 
@@ -66,3 +68,34 @@ def test_sentences_never_span_paragraphs_and_the_mark_in_text_is_handled():
         "CHAPTER I", "It was a dark night.", "The rain fell.", "He met Mr. Smith"]
     with_mark = ("odd \ue000 char here. Next one.", "Second paragraph")
     assert split_paragraphs_into_sentences(with_mark) == ["odd \ue000 char here.", "Next one.", "Second paragraph"]
+
+
+def reference_wordpiece(word: str, vocab: set[str], max_input_chars_per_word: int = 200) -> list[str]:
+    """google-research/bert tokenization.py, WordpieceTokenizer.tokenize on one whitespace-free word: greedy
+    longest-match-first, continuation pieces prefixed ##, the whole word one [UNK] when it is too long or a piece
+    cannot be matched."""
+    if len(word) > max_input_chars_per_word:
+        return ["[UNK]"]
+    pieces, start = [], 0
+    while start < len(word):
+        end, piece = len(word), None
+        while start < end:
+            candidate = ("##" if start else "") + word[start:end]
+            if candidate in vocab:
+                piece = candidate
+                break
+            end -= 1
+        if piece is None:
+            return ["[UNK]"]
+        pieces.append(piece)
+        start = end
+    return pieces
+
+
+@pytest.mark.parametrize("length", [99, 100, 101, 150, 200, 201, 300])
+def test_long_words_split_as_the_reference(bert_vocab, length):
+    word = ("internationalization" * 20)[:length]
+    encoder = WordPieceEncoder(bert_vocab, lowercase=True)
+    pieces = [bert_vocab[i] for i in encoder.encode([word])[0]]
+    assert pieces == reference_wordpiece(word, set(bert_vocab))
+    assert (pieces == ["[UNK]"]) is (length > 200)

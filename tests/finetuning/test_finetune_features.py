@@ -59,6 +59,32 @@ def test_sentence_features_match_bert_tokenization(tokenizer):
     assert out["length"] == [7, 11] and out["tokens_cut"] == [0, 0]
 
 
+def test_a_pair_whose_second_text_has_no_tokens_is_a_single_sentence(tokenizer):
+    """As run_classifier.py: `if tokens_b:` decides, so an empty or blank text_b gives [CLS] a [SEP], cut to
+    max_seq_length - 2, not [CLS] a [SEP] [SEP]."""
+    text = "a long and quite moving film about the sea"
+    pairs = sentence_features({"text_a": [text] * 3, "text_b": ["", "   ", None]}, tokenizer, max_seq_length=6)
+    single = sentence_features({"text_a": [text], "text_b": [None]}, tokenizer, max_seq_length=6)
+    vocab = tokenizer.tokenizer.get_vocab()
+    assert single["input_ids"][0] == [vocab[t] for t in ["[CLS]", "a", "long", "and", "quite", "[SEP]"]]
+    assert pairs["input_ids"] == single["input_ids"] * 3
+    assert pairs["token_type_ids"] == [[0] * 6] * 3 and pairs["tokens_cut"] == [5] * 3
+
+
+def test_a_tokenizer_json_splits_long_words_as_the_reference(tokenizer, tmp_path):
+    """Hugging Face's tokenizer.json files say max_input_chars_per_word 100; the reference splits words of up to 200
+    characters into pieces, and so does fine-tuning whatever the file says."""
+    from data_prep.vocab import build_tokenizer, parse_vocab
+
+    hub_like = build_tokenizer(parse_vocab(BUNDLED_VOCAB.read_text(encoding="utf-8")), lowercase=True)
+    hub_like.model.max_input_chars_per_word = 100
+    hub_like.save(str(tmp_path / "tokenizer.json"))
+    loaded = load_tokenizer(tmp_path, model_vocab_size=30522)
+    word = ("international" * 12)[:150]
+    assert loaded.encode([word]) == tokenizer.encode([word])
+    assert tokenizer.encode([word])[0] != [tokenizer.tokenizer.token_to_id("[UNK]")]
+
+
 def test_multiple_choice_features_one_pair_per_ending(tokenizer):
     rows = {"context": ["He opens the door."], "start": ["He"], "endings": [["walks in.", "sleeps.", "a", "b c"]],
             "label": [0], "idx": [0]}
