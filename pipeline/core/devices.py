@@ -30,19 +30,25 @@ def world_size(trainer_cfg: dict[str, Any]) -> int:
     return devices_per_node(trainer_cfg) * int(trainer_cfg.get("num_nodes", 1))
 
 
-def gradient_accumulation(global_batch_size: int, micro_batch_size: int, world: int) -> int:
-    """global = micro x accumulation x devices x nodes; refuse a global batch that this does not give exactly."""
-    if global_batch_size < 1 or micro_batch_size < 1:
+def batch_split(global_batch_size: int, max_micro_batch_size: int, world: int) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation) for a global batch over `world` processes.
+
+    The global batch is the recipe's (a hyperparameter of the optimisation); data.micro_batch_size is what fits in a
+    device's memory, so it is the most sequences one forward/backward pass takes. Each process takes global / world
+    sequences per step, in the largest pass of at most that size that divides them: BERT-base's 256 is 32 x 1 on
+    8 GPUs, 8 x 1 on 32 and 4 x 1 on 64; global = micro x accumulation x devices x nodes exactly.
+    """
+    if global_batch_size < 1 or max_micro_batch_size < 1:
         raise ValueError(f"data.global_batch_size ({global_batch_size}) and data.micro_batch_size "
-                         f"({micro_batch_size}) must be positive")
-    per_pass = micro_batch_size * world
-    if global_batch_size % per_pass != 0:
+                         f"({max_micro_batch_size}) must be positive")
+    if global_batch_size % world != 0:
         raise ValueError(
-            f"data.global_batch_size={global_batch_size} is not divisible by micro_batch_size x devices x nodes = "
-            f"{micro_batch_size} x {world} = {per_pass}: the gradient accumulation "
-            f"{global_batch_size}/{per_pass} would not be a whole number. Choose a global batch that is a multiple "
-            f"of {per_pass}, or change data.micro_batch_size / trainer.devices / trainer.num_nodes.")
-    return global_batch_size // per_pass
+            f"data.global_batch_size={global_batch_size} does not divide over devices x nodes = {world} processes: "
+            f"every process must take the same number of sequences per step. Choose a global batch that is a "
+            f"multiple of {world}, or change trainer.devices / trainer.num_nodes.")
+    per_process = global_batch_size // world
+    micro = max(size for size in range(1, min(max_micro_batch_size, per_process) + 1) if per_process % size == 0)
+    return micro, per_process // micro
 
 
 def is_first_process() -> bool:

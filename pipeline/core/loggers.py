@@ -18,10 +18,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from pytorch_lightning.loggers import CSVLogger, Logger
+from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
@@ -75,6 +76,33 @@ class ResumableCSVLogger(CSVLogger):
         return super().experiment
 
 
+class FinishingWandbLogger(WandbLogger):
+    """Lightning's WandbLogger that finishes the W&B run when SLURM's requeue signal arrives. Lightning's handler of
+    that signal finalizes the loggers with status "finished" (its normal teardown says "success" or "failed"), writes
+    the checkpoint and requeues the job, whose processes are then killed, W&B's service among them; finishing first
+    writes out every step logged so far (offline: into the run's file; online: to the server), which the killed
+    service would lose. What is logged after that is dropped: the requeued job redoes those steps from the checkpoint
+    written on the same signal, into the same W&B run."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._finished = False
+
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if status == "finished":   # the requeue signal; see the class docstring
+            self.finish()
+
+    def finish(self) -> None:
+        if self._experiment is not None and not self._finished:
+            self._experiment.finish()
+        self._finished = True
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        if not self._finished:
+            super().log_metrics(metrics, step)
+
+
 def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Mapping[str, Any] | None = None,
                   resume: bool = False) -> list[Logger]:
     """cfg: the `logger` config; run_config: the resolved training config, recorded as the W&B run's config;
@@ -86,11 +114,9 @@ def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Ma
     if mode == "disabled":
         return loggers
 
-    from pytorch_lightning.loggers import WandbLogger
-
     (output_dir / "wandb").mkdir(parents=True, exist_ok=True)
     run_id = wandb_run_id(output_dir, resume)
-    logger = WandbLogger(
+    logger = FinishingWandbLogger(
         save_dir=str(output_dir),
         project=cfg.get("project") or "bert-pretraining",
         entity=cfg.get("entity"),
@@ -110,14 +136,12 @@ def build_loggers(cfg: Mapping[str, Any], output_dir: str | Path, run_config: Ma
 def wandb_run_id(output_dir: Path, resume: bool) -> str:
     """The W&B run id of this output directory: the one recorded there when resuming, else a new one, recorded (by
     the first process only: the other ranks log nothing to W&B)."""
-    import wandb
-
     path = output_dir / WANDB_RUN_ID_FILE
     if resume and path.is_file():
         recorded = path.read_text(encoding="utf-8").strip()
         if recorded:
             return recorded
-    run_id = wandb.util.generate_id()
+    run_id = uuid.uuid4().hex[:16]   # W&B takes any id of letters and digits, unique within the project
     if is_first_process():
         write_atomically(path, run_id + "\n")
     return run_id
@@ -141,8 +165,6 @@ def wandb_environment(output_dir: str | Path) -> Iterator[None]:
 
 def finish_wandb(loggers: list[Logger]) -> None:
     """Close the W&B run (Lightning leaves it open), so an offline run's files are complete when train() returns."""
-    from pytorch_lightning.loggers import WandbLogger
-
     for logger in loggers:
-        if isinstance(logger, WandbLogger) and logger._experiment is not None:
-            logger.experiment.finish()
+        if isinstance(logger, FinishingWandbLogger):
+            logger.finish()

@@ -15,7 +15,7 @@ from model import PRESETS, BertConfig
 from pipeline.core import app
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core import devices
-from pipeline.core.devices import gradient_accumulation, is_first_process
+from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.optim import warmup_steps_of
 from pipeline.core.strategies import check_strategy_config
@@ -79,7 +79,7 @@ def _newest_checkpoint(output_dir: Path) -> str:
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
-    """LAMB under ZeRO, and a polynomial schedule where DeepSpeed owns the schedule: refused."""
+    """LAMB under ZeRO: refused (its trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
     strategy = cfg.get("strategy") or {}
     if strategy.get("name") != "deepspeed":
         return
@@ -90,11 +90,6 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
             "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
-    if strategy.get("optimizer_in_ds_config", True) and float(cfg.scheduler.get("power", 1.0)) != 1.0:
-        raise ValueError(
-            f"scheduler.power={cfg.scheduler.power}: with strategy.optimizer_in_ds_config=true the schedule is "
-            "DeepSpeed's WarmupDecayLR, which decays linearly only; set strategy.optimizer_in_ds_config=false to use "
-            "this pipeline's optimizer and schedule (pipeline/core/optim.py), or scheduler.power=1.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +98,7 @@ class RunShape:
     model_config: BertConfig
     trainer_cfg: dict[str, Any]
     world_size: int
-    micro_batch_size: int
+    micro_batch_size: int        # sequences per forward/backward pass on each process (at most data.micro_batch_size)
     accumulation: int            # micro-batches per optimizer step on each process
     max_steps: int
     schedule_steps: int
@@ -112,10 +107,10 @@ class RunShape:
 
 def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     """Every check of a pre-training config that needs neither files nor devices, at `world_size` processes
-    (default: what the trainer config gives on this machine): the model, the global batch over micro-batch x
-    devices x nodes, the schedule, the strategy with the optimizer and the precision, the sequence length against the
-    model's positions, a phase-2 start without weights to start from, the W&B mode and key. The workflow runs it for
-    each pre-training stage at the shape the stage declares, before anything is submitted."""
+    (default: what the trainer config gives on this machine): the model, the global batch over the processes and
+    its split into micro-batches, the schedule, the strategy with the optimizer and the precision, the sequence
+    length against the model's positions, a phase-2 start without weights to start from, the W&B mode and key. The
+    workflow runs it for each pre-training stage at the shape the stage declares, before anything is submitted."""
     model_config = model_config_of(cfg)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
     for key in _DERIVED_TRAINER_KEYS:
@@ -123,8 +118,12 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
             raise ValueError(f"trainer.{key} is set by train() (accumulate_grad_batches from "
                              "data.global_batch_size, strategy from the strategy group); remove it")
     world = world_size if world_size is not None else devices.world_size(trainer_cfg)
-    micro_batch_size = int(cfg.data.micro_batch_size)
-    accumulation = gradient_accumulation(int(cfg.data.global_batch_size), micro_batch_size, world)
+    micro_batch_size, accumulation = batch_split(int(cfg.data.global_batch_size), int(cfg.data.micro_batch_size),
+                                                 world)
+    if micro_batch_size < int(cfg.data.micro_batch_size):
+        log.info("micro-batch %d x accumulation %d per process: %d sequences per step over %d processes "
+                 "(data.micro_batch_size=%d is the most per pass)", micro_batch_size, accumulation,
+                 int(cfg.data.global_batch_size), world, int(cfg.data.micro_batch_size))
     max_steps = int(trainer_cfg.get("max_steps", -1))
     if max_steps < 1 and not trainer_cfg.get("fast_dev_run"):
         raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), got {max_steps}")
@@ -137,9 +136,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_strategy_and_optimizer(cfg)
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
-                          accumulate_grad_batches=accumulation, accelerator=str(trainer_cfg.get("accelerator", "auto")),
-                          optimizer_cfg={**OmegaConf.to_container(cfg.optimizer, resolve=True),
-                                         "warmup_steps": warmup_steps, "total_steps": schedule_steps})
+                          accumulate_grad_batches=accumulation)
     starts_from_weights = _optional_path(cfg, "init_from_checkpoint") or _optional_path(cfg, "ckpt_path")
     if cfg.get("require_init_from_checkpoint") and not starts_from_weights:
         raise ValueError("this experiment starts from the weights of an earlier run (phase 2 from phase 1): "

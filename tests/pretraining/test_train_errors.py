@@ -59,8 +59,8 @@ def test_predictions_mismatch(run_config, tmp_path):
 
 
 def test_indivisible_global_batch(run_config, tmp_path):
-    refused(run_config("data.global_batch_size=10"), ValueError,
-            r"global_batch_size=10 is not divisible by micro_batch_size x devices x nodes = 4 x 1 = 4", tmp_path)
+    refused(run_config("data.global_batch_size=9", "trainer.devices=2"), ValueError,
+            r"global_batch_size=9 does not divide over devices x nodes = 2 processes", tmp_path)
 
 
 def test_phase2_without_phase1_checkpoint(small_shards, tmp_path, tiny_overrides):

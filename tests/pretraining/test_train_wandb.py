@@ -22,7 +22,7 @@ def test_command_line_run_with_wandb_offline(small_shards, tmp_path, read_wandb_
     for path in homes.values():
         path.mkdir()
     run_dir = tmp_path / "run"
-    # No PYTHONPATH and no install of pipeline/: the script finds the repository itself. W&B's own directories
+    # No PYTHONPATH: the program runs from the installed (editable) checkout, as a user runs it. W&B's own directories
     # (config, cache, data) are left to train() (inside the run) except its config dir, which is the user's.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(homes["home"]), "TMPDIR": str(homes["tmp"]),
            "OMP_NUM_THREADS": "2", "WANDB_API_KEY": SENTINEL, "WANDB_CONFIG_DIR": str(homes["wandb_config"])}

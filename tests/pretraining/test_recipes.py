@@ -1,0 +1,83 @@
+"""Every shipped recipe at the shapes users run it: each experiment composed for 1, 4 and 8 nodes of 8 GPUs passes
+pre-training's pre-flight checks (batch split, schedule, strategy x optimizer x precision, phase-2 init, W&B),
+without a GPU; and the real BERT-Large trains for a few steps on the CPU, phase 2 from phase 1's checkpoint."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.app import TRAINING_CONFIGS, compose
+from pipeline.pretraining.checks import preflight
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (TRAINING_CONFIGS / "experiment").glob("*.yaml"))
+NODES = (1, 4, 8)
+
+
+@pytest.mark.parametrize("nodes", NODES)
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_passes_preflight_at_its_cluster_shapes(name, nodes, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)   # the recipes log online; the key's presence is what is checked
+    overrides = [f"+experiment={name}", "trainer.devices=8", f"trainer.num_nodes={nodes}"]
+    if name.endswith("phase2"):
+        overrides.append("init_from_checkpoint=/phase1/checkpoints/last.ckpt")   # existence is checked at the start
+    cfg = compose("train", overrides)
+    shape = preflight(cfg, world_size=8 * nodes)
+    assert shape.micro_batch_size * shape.accumulation * 8 * nodes == cfg.data.global_batch_size
+    assert shape.micro_batch_size <= cfg.data.micro_batch_size
+    assert shape.trainer_cfg["precision"] == "bf16-mixed"
+
+
+def test_a_shape_a_recipe_cannot_take_is_refused_before_anything_runs(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    cfg = compose("train", ["+experiment=bert_base", "trainer.devices=8", "trainer.num_nodes=3"])
+    with pytest.raises(ValueError, match="global_batch_size=256 does not divide over devices x nodes = 24"):
+        preflight(cfg, world_size=24)
+
+
+def test_a_phase_2_recipe_without_phase_1_weights_is_refused(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    with pytest.raises(ValueError, match="phase 2 from phase 1"):
+        preflight(compose("train", ["+experiment=bert_large_phase2"]), world_size=8)
+
+
+def test_online_logging_without_a_key_is_refused(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="WANDB_API_KEY"):
+        preflight(compose("train", ["+experiment=bert_base"]), world_size=8)
+
+
+def dry_run(*overrides: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "pipeline/train.py", "+debug=dryrun", "trainer=cpu", "logger=csv",
+               "trainer.enable_progress_bar=false", *overrides]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "2"})
+
+
+@pytest.fixture(scope="module")
+def phase2_shards(tmp_path_factory, shared_data) -> Path:
+    """Seq 512 / 80 predictions from one real book, by the real data job (phase 2's shape)."""
+    from data_prep.run import run
+
+    book = shared_data / "corpora" / "books" / "chesterton-thursday.txt"
+    out = tmp_path_factory.mktemp("phase2") / "shards"
+    run([f"inputs=[{{path: '{book}', format: books}}]", f"output_dir={out}", "preset=phase2", "num_shards=2",
+         "dupe_factor=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    return out
+
+
+@pytest.mark.slow
+def test_bert_large_dry_run_on_the_cpu_phase_1_then_phase_2(small_shards, phase2_shards, tmp_path):
+    """The real BERT-Large (340M parameters, LAMB, DDP strategy) for the dry run's 4 steps on the CPU, then phase 2
+    at seq 512 from its last checkpoint: the recipes' code paths end to end, at full model size."""
+    phase1, phase2 = tmp_path / "phase1", tmp_path / "phase2"
+    done = dry_run("+experiment=bert_large", f"data.path={small_shards}", f"hydra.run.dir={phase1}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "step 4:" in done.stdout and (phase1 / "checkpoints" / "last.ckpt").is_file()
+    done = dry_run("+experiment=bert_large_phase2", f"data.path={phase2_shards}", f"hydra.run.dir={phase2}",
+                   f"init_from_checkpoint={phase1 / 'checkpoints' / 'last.ckpt'}")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "step 4:" in done.stdout and (phase2 / "hf_export" / "model.safetensors").is_file()
