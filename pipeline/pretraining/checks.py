@@ -23,7 +23,8 @@ from pipeline.core.weights import CHECKPOINT_DIR
 
 SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
 # Trainer arguments that train() derives itself; setting them in trainer config would be silently overridden.
-_DERIVED_TRAINER_KEYS = ("accumulate_grad_batches", "strategy", "logger", "callbacks", "default_root_dir")
+_DERIVED_TRAINER_KEYS = ("accumulate_grad_batches", "strategy", "logger", "callbacks", "default_root_dir",
+                         "limit_val_batches", "val_check_interval", "check_val_every_n_epoch")   # from validation.*
 log = logging.getLogger("pipeline.pretraining")
 
 
@@ -90,6 +91,30 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
             "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
+
+
+def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, accumulation: int) -> dict[str, Any]:
+    """The Trainer's validation arguments for validation.*, after checking that the held-out set fits the model
+    and was tokenized with the training set's vocabulary (else its accuracy would measure another task)."""
+    from pipeline.pretraining.data.shard_set import ShardSet
+
+    settings = cfg.get("validation") or {}
+    path = settings.get("path")
+    if not path:
+        return {"limit_val_batches": 0}
+    every = int(settings.get("every_n_steps") or 0)
+    if every < 1:
+        raise ValueError(f"validation.every_n_steps must be >= 1 with validation.path set, got {every}")
+    held_out = ShardSet.open(str(path), max_seq_length=int(cfg.data.max_seq_length),
+                             vocab_size=model_config.vocab_size)
+    ours, theirs = shard_set.manifest["tokenizer"]["vocab_sha256"], held_out.manifest["tokenizer"]["vocab_sha256"]
+    if ours != theirs:
+        raise ValueError(f"validation.path={path} was tokenized with another vocabulary than data.path="
+                         f"{cfg.data.path}: make it with data prep's vocab.file=<training set>/vocab.txt")
+    max_batches = settings.get("max_batches")
+    # Lightning counts validation intervals in training batches (micro-batches) across epochs.
+    return {"val_check_interval": every * accumulation, "check_val_every_n_epoch": None,
+            "limit_val_batches": int(max_batches) if max_batches is not None else 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,3 +194,4 @@ class PretrainChecks:
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
         self.shard_set = _open_shard_set(cfg, self.model_config)
+        self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)

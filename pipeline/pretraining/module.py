@@ -7,6 +7,9 @@ last log):
     train/lr                                     the rate of the step's first parameter group
     train/grad_norm                              total 2-norm of the gradients before clipping
 Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers).
+With a held-out set (validation.path), at every validation, over all of its batches and ranks:
+    val/mlm_loss, val/nsp_loss                   means per masked token / per sequence
+    val/mlm_acc, val/nsp_acc, val/loss           accuracies; val/loss = val/mlm_loss + val/nsp_loss
 
 Exact resume: Lightning restores weights, optimizer, scheduler, loop counters and the DataModule's position; the
 module adds the torch (CPU and CUDA), numpy and Python RNG states, so dropout after a resume draws the same
@@ -45,6 +48,7 @@ class BertPretrainingModule(pl.LightningModule):
         self.config = BertConfig(**model_config)
         self.model = BertForPreTraining(self.config)
         self._window: torch.Tensor | None = None   # per-log-window sums, see _LOSS_SLOTS
+        self._val_sums: torch.Tensor | None = None  # [mlm loss sum, mlm total, mlm correct, nsp ...] of a validation
         self._pending_rng: dict[str, Any] | None = None
         self._grad_norm_from_engine = False
         self._overfit_cache: list[dict[str, torch.Tensor]] = []
@@ -131,6 +135,27 @@ class BertPretrainingModule(pl.LightningModule):
             norm = engine.get_global_grad_norm() if engine is not None else None
             if norm is not None:
                 self.log("train/grad_norm", float(norm), on_step=True, on_epoch=False)
+
+    # -- held-out validation ------------------------------------------------------------------------------------
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        out = self.model(**batch)
+        # Losses weighted by what they average over, so the result is per token / per sequence over the whole set.
+        sums = torch.stack([out.mlm_loss.detach().float() * out.mlm_total, out.mlm_total.float(),
+                            out.mlm_correct.float(), out.nsp_loss.detach().float() * out.nsp_total,
+                            out.nsp_total.float(), out.nsp_correct.float()])
+        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_sums is None:
+            return
+        sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
+        self._val_sums = None
+        mlm_total, nsp_total = sums[1].clamp(min=1), sums[4].clamp(min=1)
+        metrics = {"val/mlm_loss": sums[0] / mlm_total, "val/mlm_acc": sums[2] / mlm_total,
+                   "val/nsp_loss": sums[3] / nsp_total, "val/nsp_acc": sums[5] / nsp_total}
+        metrics["val/loss"] = metrics["val/mlm_loss"] + metrics["val/nsp_loss"]
+        self.log_dict(metrics, on_step=False, on_epoch=True)   # reduced above: no sync_dist
 
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.

@@ -87,7 +87,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         path=str(cfg.data.path), max_seq_length=int(cfg.data.max_seq_length),
         vocab_size=plan.model_config.vocab_size, micro_batch_size=plan.micro_batch_size,
         num_workers=int(cfg.data.get("num_workers", 1)), seed=int(cfg.seed),
-        pad_to_multiple_of=int(cfg.data.get("pad_to_multiple_of", 8)))
+        pad_to_multiple_of=int(cfg.data.get("pad_to_multiple_of", 8)),
+        val_path=(cfg.get("validation") or {}).get("path"))
     module = BertPretrainingModule(
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
@@ -105,7 +106,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         loggers = build_loggers(cfg.logger, output_dir, run_config=run_config, resume=resuming)
         try:
             strategy = _build_strategy(cfg, plan)
-            trainer = pl.Trainer(**plan.trainer_cfg, accumulate_grad_batches=plan.accumulation,
+            trainer = pl.Trainer(**plan.trainer_cfg, **plan.validation, accumulate_grad_batches=plan.accumulation,
                                  strategy=strategy, logger=loggers, plugins=_checkpoint_plugins(strategy),
                                  callbacks=[*callbacks, *extra_callbacks], default_root_dir=str(output_dir))
             trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)

@@ -9,11 +9,16 @@
 - state_dict() goes into every Lightning checkpoint: the epoch and how many batches of it this rank has
   consumed, with the layout. A fit resumed from that checkpoint continues with exactly the batch after the
   last one trained. Resume with the same world size, num_workers and micro_batch_size (a warning otherwise).
+- val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
+  share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
+  training loader use: a run with validation trains, and resumes, exactly as one without.
 """
 from __future__ import annotations
 
 import warnings
 from typing import Any
+
+import torch
 
 try:
     # pytorch-lightning 2.x installs the `pytorch_lightning` namespace, which the rest of this project uses; a
@@ -33,9 +38,10 @@ warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` 
 
 class PretrainingDataModule(pl.LightningDataModule):
     def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
-                 seed: int = 0, pad_to_multiple_of: int = 8):
+                 seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None):
         super().__init__()
         self.path = str(path)
+        self.val_path = str(val_path) if val_path else None
         self.max_seq_length = max_seq_length
         self.vocab_size = vocab_size
         self.micro_batch_size = micro_batch_size
@@ -43,6 +49,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         self.seed = seed
         self.pad_to_multiple_of = pad_to_multiple_of
         self.shard_set: ShardSet | None = None
+        self.val_shard_set: ShardSet | None = None
         self.epoch = 0                      # without a trainer: the epoch set_epoch() gave
         self._batches_per_epoch: int | None = None
         self._loaded_state: dict[str, Any] | None = None
@@ -52,6 +59,9 @@ class PretrainingDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.shard_set is None:
             self.shard_set = ShardSet.open(self.path, max_seq_length=self.max_seq_length, vocab_size=self.vocab_size)
+        if self.val_path is not None and self.val_shard_set is None:
+            self.val_shard_set = ShardSet.open(self.val_path, max_seq_length=self.max_seq_length,
+                                               vocab_size=self.vocab_size)
 
     def train_dataloader(self) -> PretrainingDataLoader:
         self.setup()
@@ -62,6 +72,18 @@ class PretrainingDataModule(pl.LightningDataModule):
         self._batches_per_epoch = len(dataset)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
+
+    def val_dataloader(self) -> PretrainingDataLoader | list:
+        """The held-out set in one fixed order (epoch 0 of its plan), loaded in this process; [] without val_path."""
+        self.setup()
+        if self.val_shard_set is None:
+            return []
+        rank, world_size = self._rank_and_world_size()
+        dataset = PretrainingDataset(self.val_shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
+                                     num_workers=0, seed=self.seed, pad_to_multiple_of=self.pad_to_multiple_of)
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        return PretrainingDataLoader(dataset, lambda: (0, 0), pin_memory=pin_memory_default(device),
+                                     generator=torch.Generator().manual_seed(self.seed))
 
     def state_dict(self) -> dict[str, Any]:
         """{epoch, batches of it this rank has consumed}, and the layout that position holds for."""

@@ -20,9 +20,11 @@ from pipeline.pretraining.data.packed_batch import PackedBatch
 
 class PretrainingDataLoader(DataLoader):
     def __init__(self, dataset: PretrainingDataset, epoch_and_skip: Callable[[], tuple[int, int]] | None = None, *,
-                 pin_memory: bool = False, prefetch_factor: int | None = None):
+                 pin_memory: bool = False, prefetch_factor: int | None = None,
+                 generator: torch.Generator | None = None):
         """Loads with dataset.num_workers worker processes. epoch_and_skip() -> (epoch, batches_to_skip) is
-        asked at every iter(); without it, the dataset's own set_epoch() settings are used."""
+        asked at every iter(); without it, the dataset's own set_epoch() settings are used. generator: where
+        each iter() draws its base seed (torch's global RNG when None)."""
         workers = dataset.num_workers
         super().__init__(
             dataset,
@@ -33,6 +35,7 @@ class PretrainingDataLoader(DataLoader):
             prefetch_factor=prefetch_factor if workers > 0 else None,
             in_order=True,                # the resume arithmetic relies on round-robin delivery
             worker_init_fn=_pack_in_worker,
+            generator=generator,
         )
         self.epoch_and_skip = epoch_and_skip
 
