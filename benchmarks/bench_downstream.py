@@ -1,345 +1,179 @@
-"""Does our pre-training make a better encoder? Pre-trained BERT-mini against the same architecture at random
-initialisation on real SST-2, by linear probes and by fine-tuning; and extraction speed against transformers.
+"""Does our pre-training pay? The downstream scores of `+experiment=cpu_hour` against its pre-training minutes.
 
-    python benchmarks/bench_downstream.py                      # the full run (see "Budget" below)
-    python benchmarks/bench_downstream.py --pretrain-steps 20 --seeds 1 2 --probe-sentences 200 \
-        --finetune-examples 300 --speed-sentences 500          # a toy run: every part end to end in a few minutes
+    python benchmarks/bench_downstream.py --shared-data ../shared/data                 # pre-train, then every point
+    python benchmarks/bench_downstream.py --shared-data ../shared/data --run <run dir>  # the points of a finished run
+    python benchmarks/bench_downstream.py --shared-data ../shared/data --minutes 0 15 --seeds 1   # a part of it
 
-What it does, in order, all in one process with --threads torch threads (default 2):
-1. Shards: the bundled sample corpus's (`python data_prep/run.py`, outputs/shards/sample); built here with one
-   Beam worker when missing, or --shards=<a shard set>.
-2. Pre-training: pipeline/train.py's train() with model=mini and AdamW at --pretrain-lr (3e-4), everything else
-   its defaults (batch 32, seq 128, 30 warmup steps then linear decay to 0 at the last step, static masking from
-   the shards), for --pretrain-steps steps. Why not the default lr of 1e-3 (fine for the tiny demo model): at 1e-3
-   BERT-mini never left the unigram plateau in a 1,800-step run (MLM loss 7.0-7.2 and MLM accuracy ~5% from step
-   200 to step 1,350, NSP at chance); at 3e-4 it leaves it by step ~250 (NSP 0.77, MLM loss 6.82 at step 279); 1e-4
-   was slower (MLM loss 7.00, NSP 0.55 at step 299). Those three curves, one seed each, are all the tuning there was.
-   Budget: 1,800 steps = 57,600 sequences, about 1.1 passes over the sample's ~51k instances; at the README's
-   train-step figure for the mini preset (4,199 tokens/s, 2 threads) that is about 30 minutes on a 2-core CPU.
-   Reported: the final MLM and NSP accuracy (training, the mean of the last five logged windows) and the curve
-   (csv/metrics.csv, curves.png in the run).
-3. The random side: BertForPreTraining(the same config) at BERT's initialisation, one per seed (torch seed = seed),
-   exported as a Hugging Face directory with the same tokenizer; everything downstream reads both sides through
-   the same init= path.
-4. Linear probe (pipeline/extraction/probe.py, what pipeline/probe.py runs): the first --probe-sentences sentences
-   of the real SST-2 training set, split 75/25 by the seed, LogisticRegression per layer combination and pooling.
-   The pre-trained encoder is embedded once (its weights do not depend on the seed; the split does); each random
-   encoder is embedded with its own weights.
-5. Fine-tuning (pipeline/finetune.py's finetune()): one epoch on the real SST-2 training set (or its first
-   --finetune-examples), evaluated on the real dev set (872), seed = the seed, length-grouped batches of 32,
-   lr --finetune-lr (1e-4, fixed before any run: the paper's 2e-5..5e-5 are for BERT-Base; compact models train
-   with larger rates), the same for both sides.
-6. Extraction speed: --speed-sentences SST-2 training sentences, the pre-trained weights, pooled ([CLS], mean)
-   vectors of the last four layers: ours (pipeline/extraction, tokenization included) against transformers'
-   BertModel(output_hidden_states=True) fed the usual way (its tokenizer, every sentence padded to 128, tokenization
-   included), batch 128 both, same run; the vectors are checked equal on the first batch.
+1. Pre-training: `pipeline/train.py +experiment=cpu_hour` (the recipe benchmarks/bench_cpu_recipe.py found) on the
+   training side of benchmarks/recipe_corpus.py (the held-out side, never trained on, is its validation set), with
+   a checkpoint every quarter of the run: 15, 30, 45 and 60 minutes of a quiet 2-core CPU, as the recipe's step
+   count is (see conf/training/experiment/cpu_hour.yaml).
+2. Points: 0 minutes is random initialisation of the same architecture (BERT's initialiser, torch seed = the seed:
+   one encoder per seed), then the checkpoints at --minutes.
+3. For each point and seed (1, 2, 3): the four measures of benchmarks/downstream_suite.py (SST-2 linear probe, CoLA,
+   STS-B, SST-2 on 5,000 sentences), with settings fixed before the first run, the same for every point.
+4. A table (mean ± sample standard deviation per cell) and a figure (each measure against pre-training minutes,
+   with the spread) in --out: report.md, downstream_curve.png, results.json. Results are kept per point and seed as
+   they come, so an interrupted run continues where it stopped.
 
-Three seeds per side, mean and sample standard deviation. Prints Markdown tables; writes results.json and
-report.md into --out (default outputs/bench_downstream/).
+The goal it checks: at 60 minutes the pre-trained encoder beats random initialisation by more than twice the seed
+standard deviation (the larger of the two sides') on at least two of the four measures (the probe's scalar mix with
+mean pooling, CoLA's MCC, STS-B's Pearson, SST-2's accuracy), and the gap grows with the budget.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import statistics
+import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from common import REPO_ROOT, add_shared_data_flag, shared_path
+from downstream_suite import run_suite
+from recipe_corpus import shard_sets
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-DEFAULT_SST2 = REPO_ROOT.parent / "shared" / "data" / "downstream" / "glue" / "SST-2"
-DEFAULT_SHARDS = REPO_ROOT / "outputs" / "shards" / "sample"
-DEFAULT_PRETRAIN_STEPS = 1800
-DEFAULT_PRETRAIN_LR = 3e-4
+PRIMARY = ("probe_mix_mean", "cola_mcc", "stsb_pearson", "sst2_acc")
+SHOWN = ("probe_mix_mean", "probe_last_mean", "probe_mix_cls", "probe_last_cls", "cola_mcc", "stsb_pearson",
+         "stsb_spearman", "sst2_acc")
+RUN_MINUTES = 60
 
 
-# ----------------------------------------------------------------------------------------------------------
-# 1-3: shards, pre-training, random initialisations
+def recipe_steps() -> int:
+    from pipeline.core.app import compose
+    return int(compose("train", ["+experiment=cpu_hour"]).trainer.max_steps)
 
-def ensure_shards(path: Path) -> Path:
-    if (path / "manifest.json").is_file():
-        return path
-    if path != DEFAULT_SHARDS:
-        sys.exit(f"no shard set at {path} (no manifest.json): leave --shards out to build the bundled sample's")
-    from data_prep.run import run
 
-    print(f"building the bundled sample's shards into {path} (data_prep/run.py, one Beam worker)", flush=True)
-    run([f"output_dir={path}", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
+def pretrain(shared_data: Path, out: Path) -> Path:
+    """The cpu_hour recipe on the corpus split, a checkpoint every quarter; returns the run directory."""
+    run = out / "pretrain"
+    if (run / "checkpoints" / "last.ckpt").exists():
+        return run
+    from pipeline.core.app import compose
+    recipe = compose("train", ["+experiment=cpu_hour"])
+    train, heldout = shard_sets(shared_data, REPO_ROOT / "outputs" / "recipe_corpus",
+                                int(recipe.data.max_seq_length), str(recipe.get("corpus_vocab", "original")))
+    steps = int(recipe.trainer.max_steps)
+    command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), "+experiment=cpu_hour",
+               f"data.path={train}", f"validation.path={heldout}", f"hydra.run.dir={run}",
+               f"callbacks.checkpoint.every_n_train_steps={steps // 4}", "trainer.enable_progress_bar=false"]
+    print(f"pre-training: {' '.join(command)}", flush=True)
+    subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    return run
+
+
+def init_of(run: Path, minutes: float, seed: int, out: Path) -> Path:
+    """The weights of a point: a random export at 0 minutes (one per seed), else the run's checkpoint."""
+    if minutes == 0:
+        return random_init(run, seed, out / f"random-{seed}")
+    step = round(recipe_steps() * minutes / RUN_MINUTES)
+    path = run / "checkpoints" / f"step{step:07d}.ckpt"
+    if not path.exists():
+        sys.exit(f"no checkpoint for {minutes:g} minutes ({path}); the run keeps one every quarter")
     return path
 
 
-def pretrain(shards: Path, out: Path, steps: int, lr: float) -> dict:
-    from pipeline.core.app import compose
-    from pipeline.pretraining.run import train
+def random_init(run: Path, seed: int, out: Path) -> Path:
+    import torch
 
-    overrides = ["model=mini", f"data.path={shards}", f"output_dir={out}", f"trainer.max_steps={steps}",
-                 f"optimizer.lr={lr}",
-                 "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-                 f"callbacks.checkpoint.every_n_train_steps={max(steps, 1)}"]
-    if steps <= 30:   # the default warmup is 30 steps; a toy run still needs a schedule that fits
-        overrides.append(f"scheduler.warmup_steps={max(steps // 10, 1)}")
-    started = time.perf_counter()
-    result = train(compose("train", overrides))
-    seconds = time.perf_counter() - started
-    return summarize_run(out, Path(result["csv"]), result["global_step"], round(seconds, 1), result["plot"])
-
-
-def summarize_run(run: Path, csv_path: Path, steps: int | None, seconds: float | None, curves_png) -> dict:
-    """Final MLM/NSP accuracy (the mean of the last five logged windows) and the curve of a pre-training run."""
-    curve = read_curve(csv_path) if csv_path.is_file() else []
-    if steps is None and curve:
-        steps = curve[-1]["step"] + 1
-    last = curve[-5:]
-    return {"run": str(run), "steps": steps, "seconds": seconds, "curve": curve,
-            "final_mlm_acc": statistics.fmean(p["mlm_acc"] for p in last) if last else None,
-            "final_nsp_acc": statistics.fmean(p["nsp_acc"] for p in last) if last else None,
-            "final_loss": statistics.fmean(p["loss"] for p in last) if last else None,
-            "curves_png": str(curves_png)}
-
-
-def read_curve(csv_path: Path) -> list[dict]:
-    """(step, loss, mlm_acc, nsp_acc) of every logged window."""
-    import csv
-
-    points = []
-    with csv_path.open(encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            if row.get("train/mlm_acc"):
-                points.append({"step": int(float(row["step"])), "loss": float(row["train/loss"]),
-                               "mlm_acc": float(row["train/mlm_acc"]), "nsp_acc": float(row["train/nsp_acc"])})
-    return points
-
-
-def random_init(config, tokenizer_dir: Path, out: Path, seed: int) -> Path:
     from model import BertForPreTraining
     from model.hf_files import export_hf
+    from pipeline.core.weights import load_pretrained
 
+    if (out / "config.json").exists():
+        return out
+    pretrained = load_pretrained(run)                 # for the architecture and the tokenizer only
     torch.manual_seed(seed)
-    return export_hf(BertForPreTraining(config), out, tokenizer_dir)
+    return export_hf(BertForPreTraining(pretrained.config), out, pretrained.tokenizer_source)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# 4: linear probes
-
-def probe_side(inits: dict[int, Path], texts: list[str], labels: list[int], seeds: list[int]) -> dict[int, dict]:
-    """seed -> probe result. inits: seed -> weights (the same path for every seed on the pre-trained side)."""
-    from pipeline.extraction import probe
-    from pipeline.extraction.extractor import Extractor
-
-    embedded: dict[Path, object] = {}
-    results = {}
-    for seed in seeds:
-        init = inits[seed]
-        if init not in embedded:
-            extractor = Extractor.from_init(init, layers=None, per_token=False)
-            embedded[init] = probe.embed(extractor, texts, labels)
-        results[seed] = probe.probe(embedded[init], seed)
-    return results
+def spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# 5: fine-tuning
-
-def finetune_once(init: Path, sst2: Path, out: Path, seed: int, lr: float, examples: int | None) -> dict:
-    from pipeline.core.app import compose
-    from pipeline.finetuning.run import finetune
-
-    overrides = [f"init={init}", "task=sst2", f"data.dir={sst2}", f"output_dir={out}",
-                 f"data.cache_dir={out.parent / 'cache'}", "trainer.max_epochs=1", f"optimizer.lr={lr}",
-                 "data.group_by_length=true", "trainer.enable_progress_bar=false", "export.hf=false",
-                 "export.plot=false", f"seed={seed}"]
-    if examples:
-        overrides.append(f"data.limit_train_examples={examples}")
-    started = time.perf_counter()
-    result = finetune(compose("finetune", overrides))
-    record = json.loads((out / "metrics.json").read_text())
-    return {"dev_acc": result["score"], "train_examples": record["data"]["train"]["examples"],
-            "weights_loaded": record["weights_loaded"], "seconds": round(time.perf_counter() - started, 1)}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# 6: extraction speed
-
-def extraction_speed(init: Path, texts: list[str], batch_size: int = 128) -> dict:
-    import transformers
-
-    from pipeline.extraction.extractor import Extractor
-    from pipeline.extraction.inputs import TextRecord
-
-    extractor = Extractor.from_init(init, layers=[-1, -2, -3, -4], per_token=False, batch_size=batch_size)
-    started = time.perf_counter()
-    ours = list(extractor.extract(TextRecord(i, t) for i, t in enumerate(texts)))
-    ours_seconds = time.perf_counter() - started
-
-    transformers.logging.set_verbosity_error()   # its load report lists our MLM/NSP heads as unexpected: known
-    tokenizer = transformers.AutoTokenizer.from_pretrained(init)
-    model = transformers.BertModel.from_pretrained(init, add_pooling_layer=False).eval()
-    started = time.perf_counter()
-    first_batch = None
-    with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            inputs = tokenizer(texts[start:start + batch_size], padding="max_length", truncation=True,
-                               max_length=128, return_tensors="pt")
-            hidden = model(**inputs, output_hidden_states=True).hidden_states
-            mask = inputs["attention_mask"].unsqueeze(-1).float()
-            pooled = {f"layer_{-k}": ((hidden[-k] * mask).sum(1) / mask.sum(1), hidden[-k][:, 0])
-                      for k in range(1, 5)}
-            if first_batch is None:
-                first_batch = pooled
-    theirs_seconds = time.perf_counter() - started
-    for view, (mean, cls) in first_batch.items():   # same weights, same sentences: the same vectors
-        np.testing.assert_allclose(np.stack([s.pooled["mean"][view] for s in ours[:len(mean)]]), mean.numpy(),
-                                   atol=1e-4, rtol=1e-4)
-        np.testing.assert_allclose(np.stack([s.pooled["cls"][view] for s in ours[:len(cls)]]), cls.numpy(),
-                                   atol=1e-4, rtol=1e-4)
-    n = len(texts)
-    return {"sentences": n, "ours_per_second": n / ours_seconds, "transformers_per_second": n / theirs_seconds,
-            "ratio": theirs_seconds / ours_seconds, "ours_seconds": ours_seconds, "transformers_seconds": theirs_seconds}
+def report(results: dict, minutes: list[float], seeds: list[int]) -> tuple[str, list[str]]:
+    """The table, and the goal's verdict lines."""
+    lines = ["| measure | " + " | ".join(f"{m:g} min" for m in minutes) + " |",
+             "|---|" + "---|" * len(minutes)]
+    for measure in SHOWN:
+        cells = []
+        for m in minutes:
+            values = [results[f"{m:g}"][str(s)][measure] for s in seeds if str(s) in results.get(f"{m:g}", {})]
+            cells.append("{:.4f} ± {:.4f}".format(*spread(values)) if values else "")
+        lines.append(f"| {measure} | " + " | ".join(cells) + " |")
+    verdict = []
+    if "0" in results and f"{RUN_MINUTES}" in results and len(seeds) > 1:
+        wins = 0
+        for measure in PRIMARY:
+            base = [results["0"][str(s)][measure] for s in seeds]
+            top = [results[f"{RUN_MINUTES}"][str(s)][measure] for s in seeds]
+            gap = statistics.fmean(top) - statistics.fmean(base)
+            sd = max(spread(base)[1], spread(top)[1])
+            wins += gap > 2 * sd
+            verdict.append(f"{measure}: gap at {RUN_MINUTES} min {gap:+.4f}, larger sd {sd:.4f}: "
+                           f"{'beats random by more than 2 sd' if gap > 2 * sd else 'not by 2 sd'}")
+        verdict.append(f"goal (>= 2 of 4 measures beyond 2 sd at {RUN_MINUTES} min): {'met' if wins >= 2 else 'not met'}"
+                       f" ({wins} of 4)")
+    return "\n".join(lines), verdict
 
 
-# ----------------------------------------------------------------------------------------------------------
-# report
+def plot(results: dict, minutes: list[float], seeds: list[int], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def spread(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.4f} ± {sd:.4f}"
-
-
-def gap(a: list[float], b: list[float]) -> str:
-    return f"{statistics.fmean(a) - statistics.fmean(b):+.4f}"
-
-
-def report(results: dict) -> str:
-    from pipeline.extraction.probe import PROBE_ROWS
-
-    seeds = results["seeds"]
-    pre, lines = results["pretraining"], []
-    how = (f"lr {results['pretrain_lr']:g}, {pre['seconds']:,.0f} s" if pre["seconds"] is not None
-           else f"the given run {pre['run']}")
-    lines += [f"## Pre-training: BERT-mini, {pre['steps'] or 0:,} steps of 32 sequences on {results['shards']} ({how})",
-              ""]
-    if pre["curve"]:
-        lines += [f"final (mean of the last five logged windows): MLM accuracy {pre['final_mlm_acc']:.4f}, NSP "
-                  f"accuracy {pre['final_nsp_acc']:.4f}, loss {pre['final_loss']:.4f}; curve: {pre['curves_png']}", ""]
-    lines += ["| step | loss | MLM accuracy | NSP accuracy |", "|---|---|---|---|"]
-    curve = pre["curve"]
-    shown = sorted({round(i * (len(curve) - 1) / 9) for i in range(10)}) if curve else []
-    lines += [f"| {curve[i]['step']} | {curve[i]['loss']:.4f} | {curve[i]['mlm_acc']:.4f} | {curve[i]['nsp_acc']:.4f} |"
-              for i in shown]
-
-    probes = results["probe"]
-    lines += ["", f"## Linear probe: SST-2, first {results['probe_sentences']:,} training sentences, 75/25 split by "
-              f"seed, seeds {seeds} (mean ± sd)", "",
-              "| layers | pooling | pre-trained | random init | gap |", "|---|---|---|---|---|"]
-    for pooling in probes["pretrained"][seeds[0]]["accuracy"]:
-        for row in PROBE_ROWS:
-            a = [probes["pretrained"][s]["accuracy"][pooling][row] for s in seeds]
-            b = [probes["random"][s]["accuracy"][pooling][row] for s in seeds]
-            lines.append(f"| {row} | {pooling} | {spread(a)} | {spread(b)} | {gap(a, b)} |")
-
-    fine = results["finetune"]
-    a = [fine["pretrained"][s]["dev_acc"] for s in seeds]
-    b = [fine["random"][s]["dev_acc"] for s in seeds]
-    examples = fine["pretrained"][seeds[0]]["train_examples"]
-    lines += ["", f"## Fine-tuning: one epoch on {examples:,} SST-2 training sentences, lr {results['finetune_lr']:g}, "
-              f"dev accuracy (872), seeds {seeds}", "",
-              "| init | dev accuracy (mean ± sd) | per seed |", "|---|---|---|",
-              f"| pre-trained | {spread(a)} | {', '.join(f'{x:.4f}' for x in a)} |",
-              f"| random init | {spread(b)} | {', '.join(f'{x:.4f}' for x in b)} |",
-              f"| gap | {gap(a, b)} | |",
-              "", f"weights loaded (pre-trained side): {fine['pretrained'][seeds[0]]['weights_loaded']}"]
-
-    speed = results["speed"]
-    lines += ["", f"## Extraction speed: {speed['sentences']:,} SST-2 sentences, pooled vectors of the last four "
-              f"layers, BERT-mini, batch 128, {results['threads']} threads", "",
-              "| extractor | sentences/s |", "|---|---|",
-              f"| ours (length-grouped, padded to each batch's longest) | {speed['ours_per_second']:,.0f} |",
-              f"| transformers BertModel, padded to 128 | {speed['transformers_per_second']:,.0f} |",
-              f"| ratio | {speed['ratio']:.2f}x |"]
-    return "\n".join(lines)
+    fig, axes = plt.subplots(2, 4, figsize=(16, 7), constrained_layout=True)
+    for ax, measure in zip(axes.flat, SHOWN):
+        xs, means, sds = [], [], []
+        for m in minutes:
+            values = [results[f"{m:g}"][str(s)][measure] for s in seeds if str(s) in results.get(f"{m:g}", {})]
+            if values:
+                mean, sd = spread(values)
+                xs.append(m), means.append(mean), sds.append(sd)
+                ax.scatter([m] * len(values), values, s=10, color="grey", alpha=0.6)
+        ax.errorbar(xs, means, yerr=sds, marker="o", capsize=4)
+        ax.set_title(measure)
+        ax.set_xlabel("pre-training minutes (0 = random init)")
+        ax.grid(alpha=0.3)
+    fig.suptitle("cpu_hour: downstream scores against pre-training budget (mean ± sd over seeds; dots: each seed)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sst2", type=Path, default=DEFAULT_SST2, help="real SST-2 folder (train.tsv, dev.tsv)")
-    parser.add_argument("--shards", type=Path, default=DEFAULT_SHARDS, help="pre-training shard set")
-    parser.add_argument("--pretrain-steps", type=int, default=DEFAULT_PRETRAIN_STEPS)
-    parser.add_argument("--pretrain-lr", type=float, default=DEFAULT_PRETRAIN_LR)
-    parser.add_argument("--pretrained", type=Path, default=None,
-                        help="skip pre-training: use this finished run directory of pipeline/train.py (mini)")
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_shared_data_flag(parser)
+    parser.add_argument("--run", type=Path, default=None, help="a finished cpu_hour run (default: pre-train one)")
+    parser.add_argument("--minutes", type=float, nargs="+", default=[0, 15, 30, 60])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--probe-sentences", type=int, default=2000)
-    parser.add_argument("--finetune-examples", type=int, default=None, help="first N training rows (default all)")
-    parser.add_argument("--finetune-lr", type=float, default=1e-4)
-    parser.add_argument("--speed-sentences", type=int, default=20000)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench_downstream")
     args = parser.parse_args()
-    if not (args.sst2 / "train.tsv").is_file() or not (args.sst2 / "dev.tsv").is_file():
-        sys.exit(f"no SST-2 train.tsv / dev.tsv in {args.sst2}: pass --sst2=<GLUE SST-2 folder>")
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
+    shared_data = shared_path(args, "downstream").parent
+    glue = shared_data / "downstream" / "glue"
     out = args.out.resolve()
-    if out.exists():
-        shutil.rmtree(out)   # a previous run's fine-tuning directories would otherwise mix with this one's
-    out.mkdir(parents=True)
-
-    from pipeline.core.weights import load_pretrained
-    from pipeline.extraction.run import read_sst2_sentences
-
-    results: dict = {"seeds": args.seeds, "threads": args.threads, "probe_sentences": args.probe_sentences,
-                     "finetune_lr": args.finetune_lr, "sst2": str(args.sst2),
-                     "pretrain_lr": None if args.pretrained else args.pretrain_lr}
-    if args.pretrained:
-        run = args.pretrained.resolve()
-        results["shards"] = "(given run)"
-        results["pretraining"] = summarize_run(run, run / "csv" / "metrics.csv", None, None, run / "curves.png")
-    else:
-        shards = ensure_shards(args.shards.resolve())
-        results["shards"] = str(shards)
-        print(f"pre-training BERT-mini for {args.pretrain_steps:,} steps at lr {args.pretrain_lr:g}", flush=True)
-        results["pretraining"] = pretrain(shards, out / "pretrain", args.pretrain_steps, args.pretrain_lr)
-        run = out / "pretrain"
-    pretrained = load_pretrained(run)
-    init = run / "hf_export"   # the export the run wrote, with its tokenizer: what users hand to the next stages
-    inits = {"pretrained": {seed: init for seed in args.seeds},
-             "random": {seed: random_init(pretrained.config, init, out / f"random-{seed}", seed)
-                        for seed in args.seeds}}
-
-    texts, labels = read_sst2_sentences(args.sst2, args.probe_sentences, str(out / "cache"))
-    print(f"probing {len(texts):,} sentences, seeds {args.seeds}", flush=True)
-    results["probe"] = {side: probe_side(inits[side], texts, labels, args.seeds) for side in inits}
-
-    results["finetune"] = {}
-    for side in inits:
-        results["finetune"][side] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    run = args.run.resolve() if args.run else pretrain(shared_data, out)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for minutes in args.minutes:
         for seed in args.seeds:
-            print(f"fine-tuning {side}, seed {seed}", flush=True)
-            results["finetune"][side][seed] = finetune_once(inits[side][seed], args.sst2,
-                                                            out / "finetune" / f"{side}-{seed}", seed,
-                                                            args.finetune_lr, args.finetune_examples)
-
-    speed_texts, _ = read_sst2_sentences(args.sst2, args.speed_sentences, str(out / "cache"))
-    print(f"extraction speed on {len(speed_texts):,} sentences", flush=True)
-    results["speed"] = extraction_speed(init, speed_texts)
-
-    text = report(results)
-    print("\n" + text)
-    (out / "report.md").write_text(text + "\n", encoding="utf-8")
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-    print(f"\nwritten: {out / 'report.md'}, {out / 'results.json'}")
+            done = results.setdefault(f"{minutes:g}", {})
+            if str(seed) in done:
+                continue
+            init = init_of(run, minutes, seed, out)
+            print(f"{minutes:g} min, seed {seed}: {init}", flush=True)
+            done[str(seed)] = run_suite(init, glue, seed, out / f"{minutes:g}min-seed{seed}")
+            print(f"  {done[str(seed)]}", flush=True)
+            results_path.write_text(json.dumps(results, indent=1))
+    table, verdict = report(results, args.minutes, args.seeds)
+    figure = plot(results, args.minutes, args.seeds, out / "downstream_curve.png")
+    text = "\n".join([table, "", *verdict, "", f"figure: {figure}", f"run: {run}"])
+    (out / "report.md").write_text(text + "\n")
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
