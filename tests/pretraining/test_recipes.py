@@ -13,7 +13,7 @@ from pipeline.core.app import TRAINING_CONFIGS, compose
 from pipeline.pretraining.checks import preflight
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p.stem for p in (TRAINING_CONFIGS / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (TRAINING_CONFIGS / "experiment").glob("bert_*.yaml"))   # the GPU recipes
 NODES = (1, 4, 8)
 
 

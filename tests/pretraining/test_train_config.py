@@ -14,7 +14,7 @@ from pipeline.core.app import REPO_ROOT, compose
 from pipeline.core.devices import batch_split
 from pipeline.pretraining.checks import check_strategy_and_optimizer, model_config_of
 
-EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("bert_*.yaml"))   # the GPU recipes (cpu_hour: test_cpu_hour.py)
 DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
 GROUP_OPTIONS = [(group, p.stem) for group in ("model", "data", "trainer", "optimizer", "scheduler", "logger",
                                                "callbacks", "strategy")
