@@ -32,6 +32,7 @@ def model_config_of(cfg: DictConfig) -> BertConfig:
     """The BertConfig of the model group: a preset, with any field overridden."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
+    fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
     return BertConfig.from_preset(name, **fields)

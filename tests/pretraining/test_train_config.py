@@ -143,7 +143,7 @@ def test_optimizers_step(name):
     if name == "lamb":
         pytest.importorskip("pytorch_optimizer")
     model = tiny_model()
-    cfg = OmegaConf.to_container(compose("train", [f"optimizer={name}"]).optimizer)
+    cfg = OmegaConf.to_container(compose("train", [f"optimizer={name}"]).optimizer, resolve=True)
     optimizer = build_optimizer(model, cfg)
     before = [p.detach().clone() for p in model.parameters()]
     ids = torch.randint(0, 64, (2, 16))
@@ -213,3 +213,12 @@ def test_peak_flops_resolution():
     assert resolve_peak_flops("3.12e14", cpu) == 3.12e14 and resolve_peak_flops(1e12, cpu) == 1e12
     with pytest.raises(ValueError, match="neither FLOP/s nor one of"):
         resolve_peak_flops("b200", cpu)
+
+
+def test_each_model_preset_starts_from_its_own_rate():
+    """One default rate for every size kept BERT-mini on the unigram plateau; each preset now names its own, and an
+    explicit optimizer.lr still wins."""
+    rates = {name: compose("train", [f"model={name}"]).optimizer.lr for name in ("tiny", "mini", "base", "large")}
+    assert rates == {"tiny": 1e-3, "mini": 6e-4, "base": 1e-4, "large": 1e-4}
+    assert compose("train", ["model=mini", "optimizer.lr=3e-4"]).optimizer.lr == 3e-4
+    assert "pretraining_lr" not in model_config_of(compose("train", ["model=mini"])).to_dict()
