@@ -29,8 +29,10 @@ class FinetuneChecks:
             raise ValueError("init= is required: the weights to fine-tune (a pre-training run directory, a .ckpt, a "
                              "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
                              "bert-base-uncased)")
-        self.sources = _split_sources(cfg, self.task)
         self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
+        # trainer.max_epochs=0: evaluate (and predict with) the weights of init= as they are; no training data
+        self.evaluate_only = self.trainer_cfg.get("max_epochs") == 0
+        self.sources = _split_sources(cfg, self.task, with_train=not self.evaluate_only)
         self.world_size = world_size(self.trainer_cfg)
         self.batch_size = int(cfg.data.batch_size)
         if self.batch_size < 1 or self.batch_size % self.world_size:
@@ -50,14 +52,14 @@ class FinetuneChecks:
                              f"max_position_embeddings={self.model_config.max_position_embeddings}")
 
 
-def _split_sources(cfg: DictConfig, task) -> dict[str, str]:
+def _split_sources(cfg: DictConfig, task, with_train: bool = True) -> dict[str, str]:
     """split -> what task.read() reads it from: data.<split> where given (a file, a directory, a hub dataset name),
     else the split's file in data.dir (under any name the task is distributed with), else data.dir itself when it
-    is a hub dataset (a local copy in hub layout, or a name). Training and evaluation data must be there; test
-    splits are used where they are."""
+    is a hub dataset (a local copy in hub layout, or a name). Training (unless `with_train` is False) and evaluation
+    data must be there; test splits are used where they are."""
     data_dir = cfg.data.get("dir")
     sources: dict[str, str] = {}
-    for split in ("train", *task.eval_splits, *task.test_splits):
+    for split in (*(("train",) if with_train else ()), *task.eval_splits, *task.test_splits):
         required = split not in task.test_splits
         given = cfg.data.get(split)
         if given:

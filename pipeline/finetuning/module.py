@@ -3,38 +3,39 @@ head, turning logits into predictions, the metric) comes from the task's kind an
 
 Logged: train/loss and train/lr every trainer.log_every_n_steps steps; after every validation (each epoch end)
 <split>/<metric> for each evaluation split (dev, or dev_matched and dev_mismatched for MNLI) and <split>/loss.
-The predictions of the last validation stay on the module (`evaluations`) for the files finetune() writes.
+Evaluation and prediction on several ranks: each rank collects its rows' results, rank 0 gathers them, each row
+once, in row order (pipeline/finetuning/gather.py), and scores them; the other ranks receive the scores. The last
+validation's predictions stay on the module (`evaluations`, on rank 0) for the files finetune() writes;
+gather_predictions does the same for trainer.predict's outputs.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from model import BertConfig
+from model import (IGNORE_INDEX, BertConfig, BertForMultipleChoice, BertForQuestionAnswering,
+                   BertForSequenceClassification, BertForTokenClassification)
+from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
 from pipeline.core.optim import build_optimizer, build_scheduler
+from pipeline.finetuning.gather import rows_on_rank_zero
 from pipeline.finetuning.tasks import get_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 def build_task_model(config: BertConfig, kind: str, num_labels: int) -> torch.nn.Module:
-    import model
-
     if kind == "multiple_choice":
-        return model.BertForMultipleChoice(config)
+        return BertForMultipleChoice(config)
     if kind == "span":
-        return model.BertForQuestionAnswering(config)
+        return BertForQuestionAnswering(config)
     if kind == "token":
-        return model.BertForTokenClassification(config, num_labels=num_labels)
-    from model import BertForSequenceClassification
-
-    if kind == "regression":
-        return BertForSequenceClassification(config, num_labels=1)
-    return BertForSequenceClassification(config, num_labels=num_labels)
+        return BertForTokenClassification(config, num_labels=num_labels)
+    return BertForSequenceClassification(config, num_labels=1 if kind == "regression" else num_labels)
 
 
 def predictions_from_logits(kind: str, logits: np.ndarray) -> np.ndarray:
@@ -44,11 +45,13 @@ def predictions_from_logits(kind: str, logits: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Evaluation:
+    """One evaluation of a split. On rank 0 it holds every row, in row order; the other ranks get the metrics and
+    the loss only (None elsewhere): files and metrics come from rank 0."""
     split: str
-    rows: np.ndarray                  # positions in the split's features, ascending
-    predictions: np.ndarray | None    # (N,) label ids or scores: sequence tasks
+    predictions: np.ndarray | None    # (N,) label ids or scores, row i's at i: sequence tasks
     labels: np.ndarray | None
     metrics: dict[str, float]
+    loss: float
     artefacts: dict[str, Any] = dataclasses.field(default_factory=dict)   # span / token tasks: file name -> content
 
 
@@ -57,27 +60,42 @@ def per_token_kind(kind: str) -> bool:
     return kind in ("span", "token")
 
 
+# The heads' own loss of each kind (model/heads.py), applied to one row at a time by row_loss.
+_HEAD_LOSSES = {"classification": choice_loss, "multiple_choice": choice_loss, "regression": regression_loss,
+                "span": span_loss, "token": functools.partial(mean_cross_entropy, ignore_index=IGNORE_INDEX)}
+
+
+def row_loss(kind: str, output: torch.Tensor, label: torch.Tensor) -> tuple[float, int]:
+    """One row's part of its split's loss, as (summed loss, count): (its loss, 1), or for NER (its loss summed over
+    its labelled tokens, their number). The split's loss, the parts' sum over the counts' sum, is then the mean over
+    rows (NER: over labelled tokens), the same whatever the batches and ranks. Per-token rows come cut to their real
+    tokens: padding, which differs with the batch, takes no part."""
+    loss = float(_HEAD_LOSSES[kind](output.unsqueeze(0), label.unsqueeze(0)))
+    if kind == "token":
+        count = int((label != IGNORE_INDEX).sum())
+        return loss * count, count
+    return loss, 1
+
+
 class FinetuneModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], task: str, optimizer: dict[str, Any], scheduler: dict[str, Any],
-                 total_steps: int, eval_splits: list[str]):
+                 total_steps: int, eval_splits: list[str], eval_data: dict[str, tuple[Any, Any]] | None = None,
+                 task_settings: dict[str, Any] | None = None):
         """model_config: BertConfig fields (dropout as fine-tuning wants it); task: a name of pipeline.finetuning.tasks;
         optimizer / scheduler: configs for pipeline/core/optim.py; total_steps: optimizer steps of the whole run (where
-        the schedule reaches 0); eval_splits: names of the validation dataloaders, in order."""
+        the schedule reaches 0); eval_splits: names of the validation dataloaders, in order;
+        eval_data, task_settings: what a per-token task's evaluate() needs besides the outputs, the (examples,
+        features) of each evaluation split and the task's settings."""
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["eval_data"])
         self.task = get_task(task)
         labels = len(self.task.label_names) if self.task.label_names else 1
         self.model = build_task_model(BertConfig(**model_config), self.task.kind, labels)
         self.eval_splits = list(eval_splits)
+        self.eval_data = eval_data or {}
+        self.task_settings = task_settings or {}
         self.evaluations: dict[str, Evaluation] = {}
-        self._collected: dict[int, list[tuple]] = {}
-        # span / token tasks: split -> (rows as read, features), and the task's settings; set by attach_eval_data
-        self.eval_data: dict[str, tuple[Any, Any]] = {}
-        self.task_settings: dict[str, Any] = {}
-
-    def attach_eval_data(self, eval_data: dict[str, tuple[Any, Any]], settings: dict[str, Any]) -> None:
-        """What a per-token task's evaluate() needs besides the outputs: the examples and features of each split."""
-        self.eval_data, self.task_settings = eval_data, settings
+        self._collected: dict[int, tuple[list[int], list[Any]]] = {}   # dataloader -> (rows, results) of this rank
 
     def forward(self, batch: dict[str, torch.Tensor], with_labels: bool = True):
         inputs = {key: batch[key] for key in MODEL_INPUTS}
@@ -91,43 +109,66 @@ class FinetuneModule(pl.LightningModule):
                  batch_size=len(batch["row"]))
         return out.loss
 
-    # -- evaluation ------------------------------------------------------------------------------------------
+    # -- evaluation: every rank collects its rows' results; rank 0 gathers them (pipeline/finetuning/gather.py) ------
+
+    def _collect(self, dataloader_idx: int, rows: torch.Tensor, results: list[Any]) -> None:
+        collected_rows, collected = self._collected.setdefault(dataloader_idx, ([], []))
+        collected_rows.extend(rows.tolist())
+        collected.extend(results)
+
+    def _rows_in_order(self, index: int, split: str) -> list[Any] | None:
+        """This split's results from every rank, on rank 0, in row order (None on the other ranks)."""
+        loaders = self.trainer.val_dataloaders
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        rows, results = self._collected.get(index, ([], []))
+        return rows_on_rank_zero(rows, results, len(loaders[index].dataset), f"{self.task.name} {split}")
 
     def on_validation_epoch_start(self) -> None:
         self._collected = {}
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
-        out = self(batch)
-        logits = out.logits.detach().float().cpu()
+        logits = self(batch, with_labels=False).logits.detach().float().cpu()
+        labels = batch["labels"].cpu()
         if per_token_kind(self.task.kind):   # (B, T, ...): keep each row's real tokens only
             lengths = batch["attention_mask"].sum(dim=1).cpu().tolist()
-            logits = [logits[i, :n].numpy() for i, n in enumerate(lengths)]
-        self._collected.setdefault(dataloader_idx, []).append((batch["row"].cpu(), logits, batch["labels"].cpu()))
-        split = self.eval_splits[dataloader_idx]
-        self.log(f"{split}/loss", out.loss.detach(), on_step=False, on_epoch=True, add_dataloader_idx=False,
-                 batch_size=len(batch["row"]))
+            outputs = [logits[i, :n] for i, n in enumerate(lengths)]
+            labels = [labels[i, :n] if self.task.kind == "token" else labels[i] for i, n in enumerate(lengths)]
+        else:
+            outputs = list(logits)
+        results = [(output.numpy(), None if per_token_kind(self.task.kind) else label.item(),
+                    *row_loss(self.task.kind, output, label)) for output, label in zip(outputs, labels)]
+        self._collect(dataloader_idx, batch["row"], results)
 
     def on_validation_epoch_end(self) -> None:
-        for index, parts in sorted(self._collected.items()):
-            split = self.eval_splits[index]
-            if per_token_kind(self.task.kind):
-                rows, outputs = _gather_per_token(parts)
-                examples, features = self.eval_data[split]
-                metrics, artefacts = self.task.evaluate(examples, features, outputs, self.task_settings)
-                self.evaluations[split] = Evaluation(split, rows, None, None, metrics, artefacts)
-            else:
-                rows, logits, labels = _gather_rows(parts)
-                predictions = predictions_from_logits(self.task.kind, logits)
-                metrics = self.task.metrics(predictions, labels)
-                self.evaluations[split] = Evaluation(split, rows, predictions, labels, metrics)
-            if not self.trainer.sanity_checking:
-                for name, value in metrics.items():
-                    self.log(f"{split}/{name}", float(value), add_dataloader_idx=False, rank_zero_only=True)
+        if self.trainer.sanity_checking:   # a few batches, not the split: nothing to score
+            self._collected = {}
+            return
+        for index, split in enumerate(self.eval_splits):
+            results = self._rows_in_order(index, split)
+            evaluation = None if results is None else self._evaluate(split, results)
+            metrics, loss = self.trainer.strategy.broadcast(
+                None if evaluation is None else (evaluation.metrics, evaluation.loss), src=0)
+            self.evaluations[split] = evaluation or Evaluation(split, None, None, metrics, loss)
+            # every rank logs the same values (callbacks may monitor them on any rank); "max" of equal values keeps
+            # them exact, where a mean over ranks could round
+            for name, value in {**metrics, "loss": loss}.items():
+                self.log(f"{split}/{name}", float(value), add_dataloader_idx=False, sync_dist=True, reduce_fx="max")
         self._collected = {}
 
+    def _evaluate(self, split: str, results: list[tuple]) -> Evaluation:
+        """Metrics (and a per-token task's files) from each row's (output, label, loss sum, loss count)."""
+        outputs, labels, loss_sums, loss_counts = zip(*results) if results else ((), (), (), ())
+        loss = float(np.sum(loss_sums) / max(1, np.sum(loss_counts)))
+        if per_token_kind(self.task.kind):
+            examples, features = self.eval_data[split]
+            metrics, artefacts = self.task.evaluate(examples, features, list(outputs), self.task_settings)
+            return Evaluation(split, None, None, metrics, loss, artefacts)
+        predictions = predictions_from_logits(self.task.kind, np.stack(outputs))
+        labels = np.asarray(labels)
+        return Evaluation(split, predictions, labels, self.task.metrics(predictions, labels), loss)
+
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0):
-        out = self(batch, with_labels=False)
-        return batch["row"].cpu(), out.logits.detach().float().cpu()
+        return batch["row"].cpu(), self(batch, with_labels=False).logits.detach().float().cpu()
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.model, self.hparams.optimizer)
@@ -135,40 +176,13 @@ class FinetuneModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
 
-def _gather_rows(parts: list[tuple[torch.Tensor, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This rank's (rows, logits, labels), from every rank under DDP, in row order."""
-    rows = torch.cat([p[0] for p in parts])
-    logits = torch.cat([p[1] for p in parts])
-    labels = torch.cat([p[2] for p in parts])
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, (rows, logits, labels))
-        rows = torch.cat([g[0] for g in gathered])
-        logits = torch.cat([g[1] for g in gathered])
-        labels = torch.cat([g[2] for g in gathered])
-        rows, first = np.unique(rows.numpy(), return_index=True)   # a distributed sampler repeats rows to even out
-        return rows, logits.numpy()[first], labels.numpy()[first]
-    order = torch.argsort(rows)
-    return rows[order].numpy(), logits[order].numpy(), labels[order].numpy()
-
-
-def _gather_per_token(parts: list[tuple]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(rows ascending, each row's (T_row, ...) outputs in that order), from every rank under DDP."""
-    rows = torch.cat([p[0] for p in parts]).tolist()
-    outputs = [array for p in parts for array in p[1]]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, (rows, outputs))
-        rows = [r for g in gathered for r in g[0]]
-        outputs = [o for g in gathered for o in g[1]]
-    by_row = dict(zip(rows, outputs))   # a distributed sampler repeats rows to even out: keep one
-    ordered = sorted(by_row)
-    return np.asarray(ordered), [by_row[r] for r in ordered]
-
-
-def gather_predictions(batches: list[tuple[torch.Tensor, torch.Tensor]], kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """trainer.predict's outputs -> (rows ascending, predictions)."""
-    rows = torch.cat([b[0] for b in batches])
-    logits = torch.cat([b[1] for b in batches])
-    order = torch.argsort(rows)
-    return rows[order].numpy(), predictions_from_logits(kind, logits[order].numpy())
+def gather_predictions(batches: list[tuple[torch.Tensor, torch.Tensor]], kind: str, num_rows: int, what: str
+                       ) -> np.ndarray | None:
+    """trainer.predict's outputs on this rank (predict_step's (rows, logits) per batch) -> on rank 0, the
+    predictions of every row of the split from every rank, in row order; None on the other ranks."""
+    rows = [row for batch_rows, _ in batches for row in batch_rows.tolist()]
+    logits = [row for _, batch_logits in batches for row in batch_logits.numpy()]
+    ordered = rows_on_rank_zero(rows, logits, num_rows, what)
+    if ordered is None:
+        return None
+    return predictions_from_logits(kind, np.stack(ordered) if ordered else np.zeros((0, 1), dtype=np.float32))

@@ -29,6 +29,8 @@ SUBMISSION_DIR = "glue_submission"
 def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: dict, test_predictions: dict,
                       model, tokenizer_source: Path, export_hf: bool, plot: bool,
                       summary: dict[str, Any]) -> dict[str, str]:
+    """evaluations: split -> module.Evaluation (every row's prediction, in row order); test_predictions: test split ->
+    every row's prediction, in row order; split_rows: split -> its features (their `idx`)."""
     files: dict[str, str] = {}
     for split, evaluation in evaluations.items():
         for name, content in evaluation.artefacts.items():   # span / token tasks: their own prediction files
@@ -36,17 +38,16 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
                                                                       content))
         if evaluation.predictions is None:
             continue
-        path = write_predictions(output_dir / PREDICTIONS_DIR / f"{split}.tsv", task,
-                                 np.asarray(split_rows[split]["idx"][:])[evaluation.rows], evaluation.predictions,
-                                 evaluation.labels)
+        path = write_predictions(output_dir / PREDICTIONS_DIR / f"{split}.tsv", task, _row_ids(split_rows[split]),
+                                 evaluation.predictions, evaluation.labels)
         files[f"predictions/{split}"] = str(path)
     if test_predictions:
         from pipeline.finetuning.tasks.submission import write_submission
 
-        for split, (rows, predictions) in test_predictions.items():
+        for split, predictions in test_predictions.items():
             if task.submission_file(split) is None:   # SWAG's test set: no leaderboard file format here
                 continue
-            path = write_submission(task, split, np.asarray(split_rows[split]["idx"][:])[rows], predictions,
+            path = write_submission(task, split, _row_ids(split_rows[split]), predictions,
                                     output_dir / SUBMISSION_DIR)
             files[f"submission/{split}"] = str(path)
     if export_hf:
@@ -62,6 +63,11 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
     (output_dir / METRICS_FILE).write_text(json.dumps({**summary, "files": files}, indent=2) + "\n")
     files["metrics"] = str(output_dir / METRICS_FILE)
     return files
+
+
+def _row_ids(features) -> np.ndarray:
+    """Each feature row's id in its file (`idx`), in row order: predictions come in the same order."""
+    return np.asarray(features["idx"][:])
 
 
 def write_artefact(path: Path, content: Any) -> Path:

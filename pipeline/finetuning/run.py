@@ -1,6 +1,8 @@
 """A fine-tuning run: `finetune(cfg)` fine-tunes the weights of `init=` on a GLUE task, SWAG, SQuAD v1.1 or
 CoNLL-2003 (checked first: pipeline/finetuning/checks.py), evaluates, predicts the test splits and writes its
-outputs (pipeline/finetuning/outputs.py). `python pipeline/finetune.py` is this function under Hydra.
+outputs (pipeline/finetuning/outputs.py). `python pipeline/finetune.py` is this function under Hydra. With
+trainer.max_epochs=0 it only evaluates and predicts with the weights as they are (a fine-tuned model's hf_export/),
+without training data. On several devices every file and metric holds each row once, in input order, as on one.
 
 A run leaves in its output directory: metrics.json (dev metrics, data and truncation counts, settings),
 predictions/<split>.tsv (dev predictions beside the gold labels; SQuAD's predictions.json / nbest_predictions.json
@@ -14,6 +16,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -81,7 +84,8 @@ def _pad_multiple(cfg: DictConfig, plan: FinetuneChecks) -> int:
 # the run
 
 def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
-    """Fine-tune as `cfg` says; returns {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""
+    """Fine-tune as `cfg` says (trainer.max_epochs=0: only evaluate and predict with the weights of init=); returns
+    {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""
     plan = FinetuneChecks(cfg)
     output_dir = plan.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -90,40 +94,49 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
     rows = {split: FeatureRows(split_features, plan.task.kind) for split, split_features in features.items()}
     collator = PaddingCollator(plan.tokenizer.pad_id, _pad_multiple(cfg, plan))
     num_workers = int(cfg.data.get("num_workers") or 0)
-    train_batches = train_loader(rows["train"], plan.micro_batch_size, collator,
-                                 bool(cfg.data.get("group_by_length")), int(cfg.seed), num_workers)
     eval_splits = list(plan.task.eval_splits)
+    # test splits are predicted where given; per-token tasks (SQuAD, NER) have none
+    test_splits = [split for split in plan.task.test_splits if split in rows and not per_token_kind(plan.task.kind)]
     eval_batch = int(cfg.data.get("eval_batch_size") or plan.micro_batch_size)
     eval_batches = [eval_loader(rows[split], eval_batch, collator, num_workers) for split in eval_splits]
 
     epochs = int(plan.trainer_cfg.get("max_epochs", 3))
-    steps_per_epoch = math.ceil(math.ceil(len(rows["train"]) / plan.world_size) / plan.micro_batch_size)
+    train_rows = len(rows["train"]) if "train" in rows else 0
+    steps_per_epoch = math.ceil(math.ceil(train_rows / plan.world_size) / plan.micro_batch_size)
     total_steps = max(1, steps_per_epoch * epochs)
     scheduler_cfg = {**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": total_steps}
     warmup_steps_of(scheduler_cfg, total_steps)   # refuse a bad warmup now, not at the first step
     module = FinetuneModule(model_config=plan.model_config.to_dict(), task=plan.task.name,
                             optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True), scheduler=scheduler_cfg,
-                            total_steps=total_steps, eval_splits=eval_splits)
-    if per_token_kind(plan.task.kind):
-        module.attach_eval_data({split: (examples[split], features[split]) for split in eval_splits},
-                                task_settings(cfg))
+                            total_steps=total_steps, eval_splits=eval_splits,
+                            eval_data=({split: (examples[split], features[split]) for split in eval_splits}
+                                       if per_token_kind(plan.task.kind) else None),
+                            task_settings=task_settings(cfg))
     loaded = load_into_task_model(module.model, plan.pretrained)
     log.info("weights from %s: %s", plan.pretrained.source, loaded)
 
     run_config = {**OmegaConf.to_container(cfg, resolve=True), "tokenizer_source": str(plan.tokenizer.source)}
     logger_cfg = _logger_config(cfg)
-    with wandb_environment(output_dir):
+    with wandb_environment(output_dir), warnings.catch_warnings():
+        # Lightning advises one device for trainer.validate because its sampler repeats rows on several; the module
+        # counts each row once (pipeline/finetuning/gather.py).
+        warnings.filterwarnings("ignore", message=r"Using `DistributedSampler` with the dataloaders")
         loggers = build_loggers(logger_cfg, output_dir, run_config=run_config)
         try:
             trainer = pl.Trainer(**{"logger": loggers, "callbacks": list(extra_callbacks),
                                     "default_root_dir": str(output_dir), "enable_checkpointing": False,
                                     "num_sanity_val_steps": 0, **plan.trainer_cfg})
             started = time.perf_counter()
-            trainer.fit(module, train_dataloaders=train_batches, val_dataloaders=eval_batches)
+            if not plan.evaluate_only:
+                train_batches = train_loader(rows["train"], plan.micro_batch_size, collator,
+                                             bool(cfg.data.get("group_by_length")), int(cfg.seed), num_workers)
+                trainer.fit(module, train_dataloaders=train_batches, val_dataloaders=eval_batches)
             train_seconds = time.perf_counter() - started
-            if not module.evaluations:   # no epoch ran (max_epochs=0): evaluate the weights as they are
+            if not module.evaluations:   # evaluation only, or no epoch ended: evaluate the weights as they are
                 trainer.validate(module, dataloaders=eval_batches, verbose=False)
-            test_predictions = _predict_tests(trainer, module, rows, collator, eval_batch, plan)
+            test_predictions = {split: gather_predictions(
+                trainer.predict(module, dataloaders=eval_loader(rows[split], eval_batch, collator, num_workers)),
+                plan.task.kind, len(rows[split]), f"{plan.task.name} {split}") for split in test_splits}
         finally:
             finish_wandb(loggers)
 
@@ -147,7 +160,7 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
                                 "hidden_dropout": plan.model_config.hidden_dropout},
             "data": data_report, "weights_loaded": loaded, "global_step": trainer.global_step,
             "train_seconds": round(train_seconds, 2),
-            "train_examples_per_second": round(len(rows["train"]) * epochs / train_seconds, 1) if epochs else None,
+            "train_examples_per_second": round(train_rows * epochs / train_seconds, 1) if epochs else None,
             "wandb_group": logger_cfg.get("group"),
         })
     log.info("%s: dev %s = %.4f; outputs in %s", plan.task.name, main, result["score"], output_dir)
@@ -171,16 +184,6 @@ def _logger_config(cfg: DictConfig) -> dict[str, Any]:
             pass
     logger_cfg.setdefault("name", None)
     return logger_cfg
-
-
-def _predict_tests(trainer: pl.Trainer, module, rows, collator, batch_size: int, plan: FinetuneChecks
-                   ) -> dict[str, tuple[Any, Any]]:
-    predictions = {}
-    for split in plan.task.test_splits:
-        if split in rows and not per_token_kind(plan.task.kind):
-            batches = trainer.predict(module, dataloaders=eval_loader(rows[split], batch_size, collator))
-            predictions[split] = gather_predictions(batches, plan.task.kind)
-    return predictions
 
 
 def summary(task_name: str, result: dict[str, Any]) -> str:
