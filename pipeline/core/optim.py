@@ -51,8 +51,20 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = False) -> torch.optim.Optimizer:
-    """offload: the strategy steps the optimizer on the CPU (DeepSpeed ZeRO-Offload)."""
+def clips_under_mixed_precision(trainer: Any) -> bool:
+    """Whether Lightning clips the gradients itself under its mixed-precision plugin (trainer.precision=bf16-mixed or
+    16-mixed, outside DeepSpeed, with gradient_clip_val): it then refuses any optimizer that unscales gradients in its
+    own step ("does not allow for gradient clipping because it performs unscaling of gradients internally"), which
+    torch's fused AdamW declares it does, at the first step."""
+    from pytorch_lightning.plugins.precision import MixedPrecision
+
+    return isinstance(trainer.precision_plugin, MixedPrecision) and bool(trainer.gradient_clip_val)
+
+
+def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = False,
+                    lightning_clips_amp: bool = False) -> torch.optim.Optimizer:
+    """offload: the strategy steps the optimizer on the CPU (DeepSpeed ZeRO-Offload). lightning_clips_amp:
+    clips_under_mixed_precision(trainer), where torch's fused AdamW cannot be used."""
     name = cfg["name"]
     lr, weight_decay = float(cfg["lr"]), float(cfg.get("weight_decay", 0.0))
     betas = tuple(float(b) for b in cfg.get("betas", (0.9, 0.999)))
@@ -70,7 +82,11 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = Fa
         # replaces costs more than the forward and backward of a short fine-tuning batch (BERT-mini, 32 sentences
         # of SST-2: 164 ms against 12 ms a step, bench_finetune.py's setting).
         on_fused_device = all(p.device.type in ("cuda", "cpu") for group in groups for p in group["params"])
-        fused = on_fused_device if fused is None else bool(fused)
+        if fused and lightning_clips_amp:
+            raise ValueError("optimizer.fused=true cannot train with trainer.precision=*-mixed and gradient clipping: "
+                             "Lightning refuses to clip the gradients of an optimizer that unscales them itself; "
+                             "set optimizer.fused=null (the per-tensor kernels there) or trainer.gradient_clip_val=0")
+        fused = (on_fused_device and not lightning_clips_amp) if fused is None else bool(fused)
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused or None)
     if name == "lamb":
         try:

@@ -21,7 +21,7 @@ import torch
 from model import (IGNORE_INDEX, BertConfig, BertForMultipleChoice, BertForQuestionAnswering,
                    BertForSequenceClassification, BertForTokenClassification)
 from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
-from pipeline.core.optim import build_optimizer, build_scheduler
+from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
 from pipeline.finetuning.gather import rows_on_rank_zero
 from pipeline.finetuning.tasks import get_task
 
@@ -171,7 +171,8 @@ class FinetuneModule(pl.LightningModule):
         return batch["row"].cpu(), self(batch, with_labels=False).logits.detach().float().cpu()
 
     def configure_optimizers(self):
-        optimizer = build_optimizer(self.model, self.hparams.optimizer)
+        optimizer = build_optimizer(self.model, self.hparams.optimizer,
+                                    lightning_clips_amp=clips_under_mixed_precision(self.trainer))
         scheduler = build_scheduler(optimizer, self.hparams.scheduler, self.hparams.total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
