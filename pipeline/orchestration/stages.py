@@ -1,17 +1,23 @@
-"""The command each stage runs: an entry point of this repository (data_prep/run.py, pipeline/train.py,
-pipeline/finetune.py) or a workflow step (export, report), with the stage's own overrides followed by the ones the
-workflow derives from its inputs and outputs (paths, the phase-2 init checkpoint, the W&B group).
+"""Each stage as its entry point runs it: the entry point's own config composed with the stage's overrides (so a
+misspelt key or group fails here, before anything runs), the stage's identity (identity.py), and the command line,
+whose paths the stage runner fills in from the stage's inputs when the stage starts (stage.py).
 
-`check_entry_configs` composes each entry point's own config with those overrides, so that a misspelt key or
-group fails here, before anything runs or is submitted.
+Three kinds of overrides reach an entry point: the stage's own (conf/workflow/), the workflow's operational ones
+(W&B group and mode, devices from the stage's resources, data prep's runner options), and the wired paths (its
+inputs' run directories and its own). Only the first kind can shape a result; identity.py keeps the composed config
+minus what shapes none, whichever kind set it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from pathlib import Path
+from typing import Any, Iterator, Mapping
 
 from data_prep.presets import PRESET_DIR, split_preset
-from pipeline.core.app import REPO_ROOT, TRAINING_CONFIGS
+from pipeline.core.app import TRAINING_CONFIGS
+from pipeline.orchestration import identity
 from pipeline.orchestration.spec import Stage, Workflow, WorkflowError
 
 LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -21,49 +27,29 @@ WIRED_KEYS = {
     "train": ("data.path", "hydra.run.dir", "init_from_checkpoint", "ckpt_path", "output_dir"),
     "finetune": ("init", "hydra.run.dir", "output_dir"),
 }
+CURRENT = "current"       # <root>/<stage>/current: the run directory of the stage's latest finished version
 
 
 @dataclasses.dataclass(frozen=True)
-class StageCommand:
-    """What a stage runs and what it leaves when it is complete (paths relative to its output directory)."""
-    argv: tuple[str, ...]               # argv[0] is the interpreter; the rest is what the hash covers
-    output_dir: Path
-    complete_when: tuple[str, ...]      # files that exist once the stage has finished
-    parallel_ranks: bool = False        # train/finetune: under SLURM, started by srun (one task per GPU)
+class StageSpec:
+    """One stage as the Snakefile and the stage runner see it (it travels as JSON in the launch's spec file)."""
+    name: str
+    entry: str
+    inputs: dict[str, str]            # role -> the stage that produces it
+    overrides: list[str]              # the stage's own overrides of its entry point's config
+    operational: list[str]            # the workflow's: W&B, devices, runner options
+    env: dict[str, str]
+    identity: str                     # hash of `document`; a rule parameter of the stage
+    document: dict[str, Any]          # the composed config minus what shapes no result, and the code version
+    resources: dict[str, Any]
+    upstream: list[str]
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "StageSpec":
+        return cls(**{field.name: raw[field.name] for field in dataclasses.fields(cls)})
 
 
-def stage_command(workflow: Workflow, stage: Stage, python: str) -> StageCommand:
-    out = workflow.output_dir(stage)
-    inputs = {role: workflow.output_dir(source) for role, source in stage.inputs.items()}
-    _refuse_wired_keys(stage)
-    if stage.entry == "data_prep":
-        return StageCommand((python, "data_prep/run.py", *stage.overrides, f"output_dir={out}",
-                             *data_prep_runner_args(workflow)), out, ("manifest.json",))
-    if stage.entry == "train":
-        wired = [f"data.path={inputs['shards']}", f"hydra.run.dir={out}"]
-        if "init" in inputs:
-            wired.append(f"init_from_checkpoint={inputs['init'] / LAST_CHECKPOINT}")
-        return StageCommand((python, "pipeline/train.py", *stage.overrides, *wired, *_logger_args(workflow),
-                             *_device_args(stage)), out, (str(LAST_CHECKPOINT),), parallel_ranks=True)
-    if stage.entry == "export":
-        tokenizer = inputs.get("tokenizer")
-        argv = [python, "-m", "pipeline.orchestration.export_stage", f"--run={inputs['checkpoint']}", f"--output={out}"]
-        if tokenizer is not None:
-            argv.append(f"--tokenizer={tokenizer}")
-        return StageCommand(tuple(argv), out, ("config.json", "model.safetensors", "vocab.txt"))
-    if stage.entry == "finetune":
-        wired = [f"init={inputs['init']}", f"hydra.run.dir={out}"]
-        if not any(o.startswith("data.cache_dir=") for o in stage.overrides):
-            wired.append(f"data.cache_dir={workflow.state_dir / 'datasets_cache'}")   # kept with the workflow
-        return StageCommand((python, "pipeline/finetune.py", *stage.overrides, *wired, *_logger_args(workflow),
-                             *_device_args(stage)), out, ("metrics.json",), parallel_ranks=True)
-    if stage.entry == "report":
-        return StageCommand((python, "-m", "pipeline.orchestration.report", f"--plan={workflow.state_dir / 'plan.json'}"),
-                            out, ("report.md", "stages.csv", "scores.csv"))
-    raise WorkflowError(f"stage {stage.name}: unknown entry {stage.entry!r}")
-
-
-def _refuse_wired_keys(stage: Stage) -> None:
+def refuse_wired_keys(stage: Stage) -> None:
     for override in stage.overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key in WIRED_KEYS.get(stage.entry, ()):
@@ -71,55 +57,92 @@ def _refuse_wired_keys(stage: Stage) -> None:
                                 f"outputs under workflow.root); remove {override!r} from its overrides")
 
 
-def data_prep_runner_args(workflow: Workflow) -> list[str]:
-    """direct: Beam pipeline options as given. dask: data prep's own keys, with which the job starts and stops its
-    own Dask cluster (a LocalCluster, or SLURM workers through dask-jobqueue)."""
-    settings = workflow.data_prep
-    runner = settings.get("runner", "direct")
-    if runner == "direct":
-        return [str(a) for a in settings.get("beam_args") or ()]
-    if runner == "dask":
-        dask = settings.get("dask") or {}
-        if dask.get("cluster", "local") not in ("local", "slurm"):
-            raise WorkflowError(f"workflow.data_prep.dask.cluster={dask.get('cluster')!r}: choose local or slurm")
-        return [f"dask.cluster={dask.get('cluster', 'local')}", f"dask.workers={int(dask.get('workers', 2))}"]
-    raise WorkflowError(f"workflow.data_prep.runner={runner!r}: choose direct or dask")
-
-
-def _logger_args(workflow: Workflow) -> list[str]:
-    args = []
+def operational_overrides(workflow: Workflow, stage: Stage) -> list[str]:
+    """What the workflow adds to a stage that shapes no result: where its W&B run goes, how many processes it
+    has, how data prep runs."""
+    if stage.entry == "data_prep":
+        return list(workflow.data_prep_args)
+    if stage.entry not in ("train", "finetune"):
+        return []
+    args = [f"logger.name={workflow.name}/{stage.name}"]
     if workflow.wandb_group:
         args.append(f"logger.group={workflow.wandb_group}")
     if workflow.wandb_mode:
         args.append(f"logger.mode={workflow.wandb_mode}")
+    resources = stage.resources
+    if resources.gpus_per_node > 0:
+        # One process per GPU, as infra/slurm/train.sbatch starts them
+        args += ["trainer.accelerator=gpu", f"trainer.devices={resources.ranks_per_node}",
+                 f"trainer.num_nodes={resources.nodes}"]
+    elif resources.world_size > 1:
+        args += ["trainer.accelerator=cpu", f"trainer.devices={resources.ranks_per_node}",
+                 f"trainer.num_nodes={resources.nodes}"]
+    if stage.entry == "finetune":
+        args.append(f"data.cache_dir={workflow.state_dir / 'datasets_cache'}")   # kept with the workflow
     return args
 
 
-def _device_args(stage: Stage) -> list[str]:
-    """GPU stages: the trainer takes its geometry from the stage's resources, as infra/slurm/train.sbatch does from
-    SLURM's (one process per GPU)."""
-    if stage.resources.gpus_per_node <= 0:
-        return []
-    return ["trainer.accelerator=gpu", f"trainer.devices={stage.resources.gpus_per_node}",
-            f"trainer.num_nodes={stage.resources.nodes}"]
+def wired_overrides(entry: str, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
+    """The paths of a stage's command: its inputs' run directories and its own."""
+    if entry == "data_prep":
+        return [f"output_dir={run_dir}"]
+    if entry == "train":
+        wired = [f"data.path={inputs['shards']}", f"hydra.run.dir={run_dir}", "ckpt_path=auto"]
+        if "init" in inputs:
+            wired.append(f"init_from_checkpoint={inputs['init'] / LAST_CHECKPOINT}")
+        return wired
+    if entry == "finetune":
+        return [f"init={inputs['init']}", f"hydra.run.dir={run_dir}"]
+    if entry == "export":
+        wired = [f"--run={inputs['checkpoint']}", f"--output={run_dir}"]
+        if "tokenizer" in inputs:
+            wired.append(f"--tokenizer={inputs['tokenizer']}")
+        return wired
+    raise WorkflowError(f"no command for entry {entry!r}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# checking the entry points' configs before anything runs
+def entry_argv(spec: StageSpec, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
+    """The entry point's command line (after the interpreter)."""
+    program = {"data_prep": ["data_prep/run.py"], "train": ["pipeline/train.py"],
+               "finetune": ["pipeline/finetune.py"], "export": ["-m", "pipeline.orchestration.export_stage"]}
+    return [*program[spec.entry], *spec.overrides, *wired_overrides(spec.entry, inputs, run_dir), *spec.operational]
 
-def check_entry_configs(workflow: Workflow, commands: dict[str, StageCommand]) -> None:
-    """Compose each stage's entry-point config with its overrides (no run, no import of torch or Beam)."""
-    for stage in workflow.stages:
-        if stage.entry not in ("data_prep", "train", "finetune"):
-            continue
-        overrides = [a for a in commands[stage.name].argv[2:] if not a.startswith("-")]
-        try:
-            if stage.entry == "data_prep":
-                _compose_data_prep(overrides)
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """The stage's environment while its config is composed: ${task_data_dir:GLUE_DIR,...} reads it."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
             else:
-                _compose(TRAINING_CONFIGS, stage.entry if stage.entry == "train" else "finetune", overrides)
-        except WorkflowError as error:
-            raise WorkflowError(f"stage {stage.name} ({stage.entry}): {error}") from None
+                os.environ[key] = value
+
+
+def compose_stage(workflow: Workflow, stage: Stage):
+    """The stage's entry-point config, as it will run (its inputs' paths stand in as <root>/<input>/current); None
+    for the stages without one (export, report)."""
+    refuse_wired_keys(stage)
+    if stage.entry not in ("data_prep", "train", "finetune"):
+        return None
+    inputs = {role: workflow.stage_dir(source) / CURRENT for role, source in stage.inputs.items()}
+    run_dir = workflow.stage_dir(stage) / CURRENT
+    overrides = [*stage.overrides, *wired_overrides(stage.entry, inputs, run_dir),
+                 *operational_overrides(workflow, stage)]
+    # Beam options are not config; Hydra's run directory is output_dir once composed outside a Hydra app
+    overrides = [o for o in overrides if not o.startswith(("-", "hydra."))]
+    try:
+        with environment(workflow.env):
+            if stage.entry == "data_prep":
+                preset, rest = split_preset(overrides)
+                return _compose(PRESET_DIR, preset, rest)
+            return _compose(TRAINING_CONFIGS, stage.entry, [*overrides, f"output_dir={run_dir}"])
+    except (WorkflowError, ValueError) as error:
+        raise WorkflowError(f"stage {stage.name} ({stage.entry}): {error}") from None
 
 
 def _compose(config_dir: Path, config_name: str, overrides: list[str]):
@@ -131,39 +154,42 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]):
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=overrides)
+        missing = _missing_keys(OmegaConf.to_container(cfg, resolve=False))
+        if missing:
+            raise WorkflowError(f"{', '.join(missing)} not set (add it to the stage's overrides)")
+        OmegaConf.resolve(cfg)
     except (HydraException, OmegaConfBaseException) as error:
-        message = str(error)
-        if any(o.startswith("dask.") for o in overrides) and "dask" in message:
-            message += (" -- workflow.data_prep.runner=dask passes dask.cluster and dask.workers to data prep, "
-                        "whose config does not have them here: it needs data prep's Dask runner")
-        raise WorkflowError(message) from None
-    missing = _missing_keys(OmegaConf.to_container(cfg, resolve=False))
-    if missing:
-        raise WorkflowError(f"{', '.join(missing)} not set (add it to the stage's overrides)")
+        raise WorkflowError(str(error)) from None
     return cfg
 
 
 def _missing_keys(node, prefix: str = "") -> list[str]:
-    """Mandatory values left unset (???), found without resolving interpolations (their resolvers live in the
-    entry points)."""
+    """Mandatory values left unset (???)."""
     if isinstance(node, dict):
-        return [k for key, value in node.items() if key != "hydra"
-                for k in _missing_keys(value, f"{prefix}{key}.")]
+        return [k for key, value in node.items() if key != "hydra" for k in _missing_keys(value, f"{prefix}{key}.")]
     if isinstance(node, list):
         return [k for i, value in enumerate(node) for k in _missing_keys(value, f"{prefix}{i}.")]
     return [prefix.rstrip(".")] if node == "???" else []
 
 
-def _compose_data_prep(overrides: list[str]):
-    try:
-        preset, rest = split_preset(overrides)
-    except ValueError as error:
-        raise WorkflowError(f"data prep: {error}") from error
-    return _compose(PRESET_DIR, preset, rest)
+def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, StageSpec]:
+    """Every stage composed, checked at its declared shape (preflight.py) and given its identity; raises
+    WorkflowError on the first stage that does not pass."""
+    from omegaconf import OmegaConf
 
+    from pipeline.orchestration.preflight import check_stage
 
-def relative_to_repo(path: Path) -> str:
-    try:
-        return str(path.relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)
+    specs = {}
+    for stage in workflow.stages:
+        cfg = compose_stage(workflow, stage)
+        if check_shapes and cfg is not None:
+            with environment(workflow.env):
+                check_stage(stage, cfg, workflow.data_prep_args)
+        config = OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {}
+        document = identity.identity_document(stage.entry, config)
+        specs[stage.name] = StageSpec(
+            name=stage.name, entry=stage.entry, inputs=dict(stage.inputs), overrides=list(stage.overrides),
+            operational=operational_overrides(workflow, stage), env=dict(workflow.env),
+            identity=identity.identity_hash(document), document=document,
+            resources=dataclasses.asdict(stage.resources), upstream=list(stage.upstream))
+    return specs
