@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 QUERY_TIMEOUT_S = 120
 
@@ -53,17 +54,16 @@ def active_stage_jobs(prefix: str) -> list[dict[str, str]]:
     return jobs
 
 
-def accounted_stage_jobs(prefix: str, since: str = "now-30days") -> list[dict[str, str]]:
-    """Every job of this root the accounting knows of, newest last: id, state, rule, end time."""
-    out = _query(["sacct", "-X", "-n", "-P", "--starttime", since, "-o", "JobID,JobName%200,State,Comment%200,End"])
-    jobs = []
-    for line in out.splitlines():
-        parts = line.split("|")
-        if len(parts) == 5 and parts[1].startswith(f"{prefix}_"):
-            comment = parts[3]
-            rule = comment[len("rule_"):].split("_wildcards")[0] if comment.startswith("rule_") else comment
-            jobs.append({"job_id": parts[0], "state": parts[2].split()[0], "rule": rule, "end": parts[4]})
-    return jobs
+def accounted_stage_jobs(log_dir: Path) -> list[dict[str, str]]:
+    """Every stage job of this root that started, oldest first: id, state, rule. The executor writes each job's log
+    to <log dir>/rule_<rule>/<job id>.log, which names both; the state comes from the accounting."""
+    logs = sorted((int(log.stem), log.parent.name[len("rule_"):]) for log in Path(log_dir).glob("rule_*/*.log")
+                  if log.stem.isdigit())
+    if not logs:
+        return []
+    out = _query(["sacct", "-X", "-n", "-P", "-j", ",".join(str(job) for job, _ in logs), "-o", "JobID,State"])
+    states = {line.split("|")[0]: line.split("|")[1].split()[0] for line in out.splitlines() if "|" in line}
+    return [{"job_id": str(job), "state": states.get(str(job), "UNKNOWN"), "rule": rule} for job, rule in logs]
 
 
 def wait_for_stage_jobs(prefix: str, say, poll_s: float = 30.0) -> None:

@@ -56,7 +56,7 @@ def _slurm_jobs(workflow: Workflow) -> tuple[dict[str, dict], dict[str, dict], s
     try:
         active = {job["rule"]: job for job in active_stage_jobs(prefix)}
         accounted: dict[str, dict] = {}
-        for job in accounted_stage_jobs(prefix):
+        for job in accounted_stage_jobs(workflow.state_dir / SLURM_LOG_DIR):
             accounted[job["rule"]] = job
         return active, accounted, None
     except QueueError as error:
@@ -79,7 +79,7 @@ def stage_status(workflow: Workflow, spec: StageSpec, active: dict, accounted: d
         seconds = attempts[-1].get("seconds")
         job_id = attempts[-1].get("job_id")
         if sentinel.get("identity") == spec.identity:
-            took = f"{seconds:.1f} s, " if seconds is not None else ""
+            took = (f"{seconds:.1f} s, " if seconds is not None else "") + (f"job {job_id}, " if job_id else "")
             return StageStatus(spec.name, "done", f"{took}finished {record.get('finished')}, {sentinel['run_dir']}",
                                seconds, job_id, run_dir=sentinel["run_dir"])
         return StageStatus(spec.name, "stale", f"done as {sentinel['run_dir']}, but its config or code changed "

@@ -65,6 +65,7 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort={dbd_port}
 AccountingStoragePass={root}/munge.socket
+AccountingStoreFlags=job_comment
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU

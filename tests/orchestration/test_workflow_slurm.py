@@ -19,7 +19,8 @@ import pytest
 from conftest import STAGES, Workflow, copy_checkout
 
 WAIT_S = 2400
-FAST_CHECKS = "workflow.snakemake_args=[--slurm-init-seconds-before-status-checks=5,--seconds-between-status-checks=10]"
+FAST_CHECKS = ("workflow.snakemake_args=['--slurm-init-seconds-before-status-checks=5',"
+               "'--seconds-between-status-checks=10']")
 SLURM_SETTINGS = ("workflow.launcher=slurm", "workflow.slurm.account=bert", "workflow.slurm.controller.mem=1G",
                   FAST_CHECKS)
 
