@@ -1,15 +1,17 @@
-"""Entry point: the whole recipe as one workflow, raw text to a GLUE/SQuAD table, locally or on SLURM.
+"""Entry point: the whole recipe as one Snakemake workflow, raw text to a GLUE/SQuAD table, locally or on SLURM.
 
     python pipeline/workflow.py +workflow=tiny                            # the bundled sample on the CPU, minutes
-    python pipeline/workflow.py +workflow=tiny workflow.launcher=slurm    # each stage an sbatch job, dependencies
-    python pipeline/workflow.py +workflow=tiny workflow.action=status     # done / running / pending / failed
-    python pipeline/workflow.py +workflow=tiny workflow.action=plan       # what a run would do, and why
+    python pipeline/workflow.py +workflow=tiny workflow.action=plan       # what a run would run, and why
+    python pipeline/workflow.py +workflow=tiny workflow.action=status     # done / running / queued / failed
+    python pipeline/workflow.py +workflow=tiny workflow.action=report     # scores, times, Snakemake's HTML report
+    python pipeline/workflow.py +workflow=tiny workflow.launcher=slurm    # a controller job submits the stages
     python pipeline/workflow.py +workflow=bert_base workflow.corpus_root=/data/corpus workflow.launcher=slurm ...
 
-Workflows are conf/workflow/<name>.yaml: stages (data prep phase 1 and 2, pre-training phase 1 and 2, export),
-the downstream tasks and the report, each stage composed from its entry point's own config by overrides.
-Re-running is safe: a stage done with the same config and inputs is skipped; an interrupted pre-training resumes
-from its last checkpoint. Everything that can be wrong with a workflow is reported before anything runs.
+Workflows are conf/workflow/<name>.yaml: stages (data prep of phase 1 and 2, pre-training of phase 1 and 2,
+export), the downstream tasks and the report, each stage its entry point's own config with overrides. Before
+anything runs, every stage's config is composed and passes its entry point's pre-flight checks at the resources
+the stage declares. A stage runs again exactly when its composed config, the code it runs or its inputs' content
+changed; a run directory is never deleted. See pipeline/orchestration/.
 """
 from __future__ import annotations
 
@@ -25,31 +27,41 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     try:
         workflow = load_workflow(argv)
-        from pipeline.orchestration.plan import build_plan, decide
-        if workflow.action == "run" and workflow.launcher == "slurm":
-            from pipeline.orchestration.slurm_launcher import check_sbatch
-            check_sbatch()     # before the plan's checks: the first thing a user on the wrong machine needs to hear
-        plans = build_plan(workflow)
+        from pipeline.orchestration import launch
+        if workflow.launcher == "slurm" and workflow.action in ("run", "status"):
+            launch.check_slurm_tools()    # the first thing a user on the wrong machine needs to hear
+        if workflow.action == "run":
+            from pipeline.orchestration.guard import refuse_if_running
+            refuse_if_running(workflow)
+        from pipeline.orchestration.stages import stage_specs
+        specs = stage_specs(workflow, check_shapes=workflow.action in ("run", "plan"))
+        if workflow.action == "plan":
+            print(launch.plan(workflow, specs))
+            return 0
         if workflow.action == "status":
             from pipeline.orchestration.status import format_status, workflow_status
-            print(format_status(workflow, workflow_status(workflow, plans)))
+            print(format_status(workflow, *workflow_status(workflow, specs)))
             return 0
-        if workflow.action == "plan":
-            reasons = decide(workflow, plans)
-            width = max(len(name) for name in plans)
-            print(f"workflow {workflow.name} ({workflow.launcher}), outputs in {workflow.root}")
-            for name, plan in plans.items():
-                print(f"  {name:<{width}}  {'run: ' + reasons[name] if reasons[name] else 'skip: done'}")
-                print(f"  {'':<{width}}    {' '.join(plan.argv[1:])}")
-            return 0
+        if workflow.action == "report":
+            return report(workflow, specs)
         if workflow.launcher == "slurm":
-            from pipeline.orchestration.slurm_launcher import submit
-            return submit(workflow, plans)
-        from pipeline.orchestration.local_launcher import run_locally
-        return run_locally(workflow, plans)
+            return launch.submit_controller(workflow, specs)
+        return launch.run_local(workflow, specs)
     except WorkflowError as error:
         print(f"workflow error: {error}", file=sys.stderr)
         return 2
+
+
+def report(workflow, specs) -> int:
+    from pipeline.orchestration import launch
+    from pipeline.orchestration.report import write_report
+
+    spec_path = launch.write_launch(workflow, specs)
+    path = write_report(spec_path)
+    print(path.read_text(encoding="utf-8"))
+    html = launch.html_report(workflow, spec_path) if (workflow.root / ".snakemake").is_dir() else None
+    print(f"report: {path}" + (f"\nSnakemake's report (stage graph, times, pictures): {html}" if html else ""))
+    return 0
 
 
 if __name__ == "__main__":

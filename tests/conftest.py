@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.helpers.slurm import SLURM_APT_COMMAND, SlurmCluster
+from tests.helpers.slurm import SLURM_APT_COMMAND, SLURM_DAEMONS, SlurmCluster
 from tests.helpers.training import run_training_process, tiny_run_overrides
 from tests.helpers.wandb_log import wandb_history
 
@@ -45,7 +45,7 @@ def bert_vocab() -> list[str]:
 # tests/finetuning/test_finetune_slurm.py, tests/data_prep/test_dask_runner.py, the workflow's SLURM tests).
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    missing = [d for d in ("slurmctld", "slurmd", "munged", "sbatch", "scontrol") if shutil.which(d) is None]
+    missing = [d for d in SLURM_DAEMONS if shutil.which(d) is None]
     if missing:
         pytest.skip(f"SLURM not installed ({', '.join(missing)} not on PATH); install it with: {SLURM_APT_COMMAND}")
     if os.geteuid() != 0:

@@ -1,8 +1,8 @@
 """Which checkpoint files of a run are complete, and the newest of them: plain file checks, no torch.
 
-The workflow's small per-stage process (pipeline/orchestration/stage_job.py) decides whether a pre-training run
-can resume before anything heavy is imported; the trainer (pipeline/train.py) picks the checkpoint to resume from.
-Both ask the questions here, so they can never disagree about what counts as a checkpoint.
+The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also
+when the workflow continues an interrupted pre-training (ckpt_path=auto); plain file checks keep that decision
+cheap, before anything heavy is imported.
 """
 from __future__ import annotations
 

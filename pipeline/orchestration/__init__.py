@@ -1,7 +1,9 @@
-"""Workflows: the recipe (data prep -> phase 1 -> phase 2 -> export -> downstream suite -> report) as stages that run
-locally in order or as SLURM jobs with dependencies. Entry point: pipeline/workflow.py.
+"""The workflow: the recipe (data prep -> phase 1 -> phase 2 -> export -> downstream suite -> report) as Snakemake
+rules, run locally or as SLURM jobs. Entry point: pipeline/workflow.py.
 
-spec.py (the stages, checked) -> entries.py (each stage's command) -> plan.py (hashes, what must run) ->
-local_launcher.py / slurm_launcher.py (how they start) -> stage_job.py (one stage, with its marker: markers.py);
-status.py, report.py, export_stage.py, wandb_links.py.
+spec.py (the stages, from conf/workflow/) -> stages.py (each stage's entry-point config, composed) -> preflight.py
+(checked at its declared shape) and identity.py (what its result depends on) -> launch.py (plan, run locally, or
+submit controller.py as a SLURM job; guard.py: one launch at a time) -> Snakefile (a rule per stage, run with
+snakemake_cli.py's options; slurm_resources.py: sbatch options) -> stage.py (one stage: its run directory, its
+entry point, its sentinel; runs.py). Views: status.py (slurm_jobs.py asks SLURM), report.py.
 """

@@ -1,9 +1,9 @@
-"""A workflow as data: its stages in order, what each one reads and writes, and the resources it asks for.
+"""A workflow as data: its stages in order, what each one reads, and the resources it asks for.
 
 `load_workflow(overrides)` composes conf/workflow/<name>.yaml with the command line's overrides and checks
-everything that can be wrong before any stage runs or is submitted (unknown stages, inputs that no earlier stage
-produces, unknown entries or tasks). The stages themselves know nothing of launchers: see entries.py for the
-command each one runs, local_launcher.py and slurm_launcher.py for how they are started.
+everything that can be wrong with the stages themselves before anything runs (unknown stages, inputs that no earlier
+stage produces, unknown entries or tasks). stages.py composes each stage's entry-point config; the Snakefile turns
+the stages into rules.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pipeline.core.app import CONFIG_ROOT, TRAINING_CONFIGS
 CONFIG_DIR = CONFIG_ROOT          # the workflow's own root: +workflow=NAME picks conf/workflow/NAME.yaml
 WORKFLOW_CONFIGS = CONFIG_DIR / "workflow"
 TASK_CONFIGS = TRAINING_CONFIGS / "task"
-STATE_DIR = "_workflow"          # <root>/_workflow/: markers, logs, job scripts, the submitted plan
+STATE_DIR = "_workflow"          # <root>/_workflow/: the launches' stage specs, the controller's record and logs
 REPORT_STAGE = "report"
 
 # What each entry produces, and the inputs it takes (role -> what it must be given). A stage's input must name an
@@ -33,9 +33,11 @@ INPUT_ROLES = {
     "report": {},
 }
 REQUIRED_INPUTS = {"train": ("shards",), "export": ("checkpoint",), "finetune": ("init",)}
-ACTIONS = ("run", "status", "plan")
+ACTIONS = ("run", "status", "plan", "report")
 LAUNCHERS = ("local", "slurm")
-DEFAULT_RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem": None, "time": "01:00:00"}
+OPEN_MAPS = ("workflow.env.", ".resources.", "workflow.downstream.per_task.")
+DEFAULT_RESOURCES = {"nodes": 1, "gpus_per_node": 0, "tasks_per_node": None, "cpus_per_task": 1, "mem": None,
+                     "time": "01:00:00"}
 
 
 class WorkflowError(ValueError):
@@ -46,14 +48,19 @@ class WorkflowError(ValueError):
 class Resources:
     nodes: int = 1
     gpus_per_node: int = 0
+    tasks_per_node: int | None = None      # processes per node; default one per GPU, or one on a CPU node
     cpus_per_task: int = 1
-    mem: str | None = None
+    mem: str | None = None                 # sbatch --mem (per node): e.g. 64G; "0": all of the node's memory
     time: str = "01:00:00"
 
     @property
-    def tasks_per_node(self) -> int:
-        """One task per GPU (Lightning's SLURM contract), one task on a CPU node."""
-        return max(1, self.gpus_per_node)
+    def ranks_per_node(self) -> int:
+        """One process per GPU (Lightning's SLURM contract), one on a CPU node, unless tasks_per_node says."""
+        return self.tasks_per_node or max(1, self.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +71,6 @@ class Stage:
     overrides: tuple[str, ...]               # Hydra overrides of the entry point's own config
     resources: Resources
     task: str | None = None                  # finetune stages: the conf/training/task/ name
-    group: str | None = None                 # stages of one group may go to SLURM as one job array
 
     @property
     def upstream(self) -> tuple[str, ...]:
@@ -81,9 +87,10 @@ class Workflow:
     wandb_group: str | None
     wandb_mode: str | None
     env: dict[str, str]
-    data_prep: dict[str, Any]
+    data_prep_args: tuple[str, ...]
+    retries: int
     slurm: dict[str, Any]
-    config: dict[str, Any]                   # the resolved workflow config, as recorded in the plan
+    config: dict[str, Any]                   # the resolved workflow config
 
     @property
     def state_dir(self) -> Path:
@@ -98,16 +105,9 @@ class Workflow:
     def stage_names(self) -> str:
         return ", ".join(stage.name for stage in self.stages)
 
-    def output_dir(self, stage: str | Stage) -> Path:
+    def stage_dir(self, stage: str | Stage) -> Path:
+        """<root>/<stage>/: the stage's run directories (one per version), its sentinel and `current`."""
         return self.root / (stage if isinstance(stage, str) else stage.name)
-
-    def dependents(self, name: str) -> list[str]:
-        """Stages that need `name`'s output, directly or through others."""
-        found: list[str] = []
-        for stage in self.stages:
-            if any(up == name or up in found for up in stage.upstream):
-                found.append(stage.name)
-        return found
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -125,6 +125,10 @@ def compose_workflow_config(overrides: Sequence[str]) -> DictConfig:
 
     # `workflow=NAME` reads naturally but there is no primary config to override: accept it as +workflow=NAME.
     overrides = [f"+{o}" if o.startswith("workflow=") else o for o in overrides]
+    # Open maps (the environment, a stage's resources, per-task overrides) take any key: add or replace them without
+    # Hydra's `+`/`++`.
+    overrides = [f"++{o}" if o.startswith("workflow.") and any(m in o.split("=", 1)[0] for m in OPEN_MAPS) else o
+                 for o in overrides]
     chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("+workflow=")]
     if not chosen:
         raise WorkflowError(f"which workflow? pass +workflow=NAME; available: {', '.join(available_workflows())} "
@@ -168,11 +172,15 @@ def workflow_from_dict(raw: dict[str, Any]) -> Workflow:
         stages.append(Stage(REPORT_STAGE, "report", {}, (), Resources(**{**DEFAULT_RESOURCES, "time": "00:10:00"})))
     check_stages(stages)
     wandb = raw.get("wandb") or {}
+    retries = int(raw.get("retries", 0))
+    if retries < 0:
+        raise WorkflowError(f"workflow.retries={retries}: give 0 or more")
     return Workflow(
         name=name, root=Path(str(raw["root"])).expanduser().absolute(), launcher=launcher, action=action,
         stages=tuple(stages), wandb_group=wandb.get("group"), wandb_mode=wandb.get("mode"),
         env={k: str(v) for k, v in (raw.get("env") or {}).items() if v is not None},
-        data_prep=dict(raw.get("data_prep") or {}), slurm=dict(raw.get("slurm") or {}), config=raw)
+        data_prep_args=tuple(str(a) for a in (raw.get("data_prep") or {}).get("args") or ()), retries=retries,
+        slurm=dict(raw.get("slurm") or {}), config=raw)
 
 
 def _resources(spec: dict[str, Any] | None, where: str) -> Resources:
@@ -183,6 +191,10 @@ def _resources(spec: dict[str, Any] | None, where: str) -> Resources:
     values = {**DEFAULT_RESOURCES, **{k: v for k, v in spec.items() if v is not None}}
     for key in ("nodes", "gpus_per_node", "cpus_per_task"):
         values[key] = int(values[key])
+        if values[key] < (0 if key == "gpus_per_node" else 1):
+            raise WorkflowError(f"{where}: resources.{key}={values[key]} is not a valid count")
+    if values["tasks_per_node"] is not None:
+        values["tasks_per_node"] = int(values["tasks_per_node"])
     values["mem"] = None if values["mem"] is None else str(values["mem"])
     values["time"] = str(values["time"])
     return Resources(**values)
@@ -231,7 +243,7 @@ def _downstream_stages(spec: dict[str, Any], existing: set[str]) -> list[Stage]:
             raise WorkflowError(f"stage {name} is both in workflow.stages and made from workflow.downstream.tasks")
         overrides = (f"task={task}", *map(str, spec.get("overrides") or ()), *map(str, per_task.get(task, ())))
         stages.append(Stage(name, "finetune", {"init": str(spec.get("init", "export"))}, overrides, resources,
-                            task=task, group="downstream"))
+                            task=task))
     return stages
 
 

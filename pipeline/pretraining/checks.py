@@ -66,13 +66,16 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
     return shard_set
 
 
-def _newest_checkpoint(output_dir: Path) -> str:
+def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
     """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
-    only a temporary file, removed here, and the previous checkpoint whole)."""
+    only a temporary file, removed here, and the previous checkpoint whole). ckpt_path=auto (required=False): the
+    same, or None when the run has none yet."""
     if is_first_process():
         for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
             log.info("removed %s, left by an interrupted checkpoint write", partial)
     newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
+    if newest is None and not required:
+        return None
     if newest is None:
         raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
                                 "run's output_dir=..., or start without ckpt_path)")
@@ -185,8 +188,8 @@ class PretrainChecks:
                                                                     shape.max_steps)
         self.schedule_steps, self.warmup_steps = shape.schedule_steps, shape.warmup_steps
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
-        if self.ckpt_path == "last":
-            self.ckpt_path = _newest_checkpoint(self.output_dir)
+        if self.ckpt_path in ("last", "auto"):   # auto: resume if the run has a checkpoint, else start (the workflow)
+            self.ckpt_path = _newest_checkpoint(self.output_dir, required=self.ckpt_path == "last")
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")

@@ -1,71 +1,152 @@
-"""The tiny workflow end to end with the local launcher: data prep x2, pre-training x2, export, SST-2, report; then
-a re-run skips everything done, and a changed downstream setting re-runs only that stage (and the report)."""
+"""The tiny workflow end to end on this machine (data prep x2, pre-training x2, export, SST-2, report), then what a
+user does next, each checked by Snakemake's own decision (workflow.action=plan) and by what the run leaves:
+
+- the second run does nothing;
+- W&B's mode or an environment variable no stage reads re-runs nothing;
+- an edit of the fine-tuning task's YAML file re-runs that fine-tuning and the report only;
+- a changed pre-training config runs in a new run directory and leaves the old one whole.
+"""
 from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["prep_phase1", "prep_phase2", "pretrain_phase1", "pretrain_phase2", "export", "finetune_sst2"]
+from conftest import STAGES
 
 
-def workflow_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+def _tree(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file under a run directory with its size and modification time."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def run_workflow(root: Path, *extra: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "pipeline/workflow.py", "+workflow=tiny", f"workflow.root={root}", *extra],
-                          cwd=REPO_ROOT, env=env or workflow_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def stage_lines(stdout: str) -> dict[str, list[str]]:
-    lines: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
-        parts = line.split(None, 1)
-        if len(parts) == 2 and line.startswith("  "):
-            lines.setdefault(parts[0], []).append(parts[1])
-    return lines
+def _attempts(root: Path) -> dict[str, int]:
+    return {stage: sum(len(json.loads(r.read_text())["attempts"]) for r in (root / stage).glob("*/workflow_stage.json"))
+            for stage in STAGES}
 
 
 @pytest.mark.slow
-def test_tiny_workflow_runs_the_whole_chain_locally_and_reruns_cheaply(tmp_path):
-    root = tmp_path / "wf"
-    first = run_workflow(root)
+def test_tiny_workflow_runs_locally_and_reruns_exactly_what_changed(tiny_workflow):
+    wf, root = tiny_workflow, tiny_workflow.root
+    started = time.perf_counter()
+    first = wf.run()
+    print(f"first run: {time.perf_counter() - started:.0f} s")
     assert first.returncode == 0, first.stdout + first.stderr
     for stage in STAGES:
-        marker = json.loads((root / "_workflow" / "markers" / f"{stage}.json").read_text())
-        assert marker["state"] == "done", marker
-        print(f"{stage}: {marker['wall_seconds']:.1f} s")
-    assert (root / "pretrain_phase2" / "checkpoints" / "last.ckpt").is_file()
-    assert "init_from_checkpoint=" + str(root / "pretrain_phase1" / "checkpoints" / "last.ckpt") in \
-        (root / "_workflow" / "logs" / "pretrain_phase2.log").read_text()
-    assert (root / "export" / "model.safetensors").is_file()
+        sentinel = json.loads((root / stage / "DONE.json").read_text())
+        assert Path(sentinel["run_dir"]).parent == root / stage and (root / stage / "current").resolve() == \
+            Path(sentinel["run_dir"])
+    phase1 = json.loads((root / "pretrain_phase1" / "DONE.json").read_text())["run_dir"]
+    assert f"init_from_checkpoint={phase1}/checkpoints/last.ckpt" in \
+        (root / "pretrain_phase2" / "current" / "stage.log").read_text()
+    assert (root / "export" / "current" / "model.safetensors").is_file()
     scores = list(csv.DictReader(open(root / "report" / "scores.csv")))
     assert [(s["task"], s["metric"]) for s in scores] == [("sst2", "acc")] and 0 <= float(scores[0]["score"]) <= 1
-    stages = {row["stage"]: row["state"] for row in csv.DictReader(open(root / "report" / "stages.csv"))}
-    assert stages == dict.fromkeys(STAGES, "done")
-    assert "| sst2 | acc |" in (root / "report" / "report.md").read_text()
+    assert {row["stage"]: row["state"] for row in csv.DictReader(open(root / "report" / "stages.csv"))} == \
+        dict.fromkeys(STAGES, "done")
+    for picture in ("scores.png", "curves-pretrain_phase1.png", "curves-pretrain_phase2.png"):
+        assert (root / "report" / picture).stat().st_size > 1000
+    attempts = _attempts(root)
+    assert attempts == dict.fromkeys(STAGES, 1)
+    report = wf.run("workflow.action=report")
+    assert report.returncode == 0, report.stdout + report.stderr
+    html = (root / "report" / "workflow.html").read_text(errors="replace")
+    assert "curves-pretrain_phase2.png" in html and "scores.png" in html and "finetune_sst2" in html
 
-    again = run_workflow(root)
-    assert again.returncode == 0, again.stdout + again.stderr
-    lines = stage_lines(again.stdout)
-    for stage in STAGES:
-        assert lines[stage] == ["skipped: done, same config and inputs"], again.stdout
+    started = time.perf_counter()
+    again = wf.run()
+    print(f"second run: {time.perf_counter() - started:.0f} s")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout
+    assert _attempts(root) == attempts
 
-    changed = run_workflow(root, "workflow.downstream.overrides=['data.limit_train_examples=256',"
-                                 "'trainer.max_epochs=1','trainer.enable_progress_bar=false']")
-    assert changed.returncode == 0, changed.stdout + changed.stderr
-    lines = stage_lines(changed.stdout)
-    assert [s for s in STAGES if not lines[s][0].startswith("skipped")] == ["finetune_sst2"], changed.stdout
+    operational = ("workflow.wandb.mode=offline", "workflow.env.SQUAD_DIR=/nonexistent/squad",
+                   "workflow.downstream.overrides=['data.limit_train_examples=512','trainer.max_epochs=1',"
+                   "'trainer.enable_progress_bar=true']")
+    plan = wf.plan(*operational)
+    assert all(plan[stage].startswith("skip: done") for stage in STAGES), plan
+    assert wf.run(*operational).returncode == 0 and _attempts(root) == attempts
 
-    status = run_workflow(root, "workflow.action=status", "workflow.downstream.overrides=["
-                          "'data.limit_train_examples=256','trainer.max_epochs=1','trainer.enable_progress_bar=false']")
-    states = {name: text[0].split()[0] for name, text in stage_lines(status.stdout).items() if name in STAGES}
-    assert states == dict.fromkeys(STAGES, "done"), status.stdout
+    task_yaml = wf.repo / "conf" / "training" / "task" / "sst2.yaml"
+    old_finetune = json.loads((root / "finetune_sst2" / "DONE.json").read_text())["run_dir"]
+    task_yaml.write_text(task_yaml.read_text() + "\noptimizer:\n  lr: 5.0e-05\n")
+    plan = wf.plan()
+    assert plan["finetune_sst2"] == "run: its config or code changed: config.optimizer.lr (a new run directory; " \
+                                    f"{old_finetune} is kept)", plan
+    assert plan["report"].startswith("run:") and all(plan[s].startswith("skip") for s in STAGES[:-1]), plan
+    assert wf.run().returncode == 0
+    assert _attempts(root) == {**attempts, "finetune_sst2": 2}
+    new_finetune = json.loads((root / "finetune_sst2" / "DONE.json").read_text())["run_dir"]
+    assert new_finetune != old_finetune and (Path(old_finetune) / "metrics.json").is_file()
+
+    old_phase2 = Path(json.loads((root / "pretrain_phase2" / "DONE.json").read_text())["run_dir"])
+    before = _tree(old_phase2)
+    longer = ("workflow.stages.pretrain_phase2.overrides=['trainer.max_steps=6','scheduler.warmup_steps=1',"
+              "'data.global_batch_size=4','data.micro_batch_size=4','data.max_seq_length=512',"
+              "'data.max_predictions_per_seq=80','data.num_workers=0','trainer.log_every_n_steps=1',"
+              "'callbacks.checkpoint.every_n_train_steps=5','trainer.enable_progress_bar=false']")
+    plan = wf.plan(longer)
+    assert [s for s in STAGES if plan[s].startswith("run")] == ["pretrain_phase2", "export", "finetune_sst2"], plan
+    assert "config.trainer.max_steps" in plan["pretrain_phase2"]
+    assert wf.run(longer).returncode == 0
+    new_phase2 = Path(json.loads((root / "pretrain_phase2" / "DONE.json").read_text())["run_dir"])
+    assert new_phase2 != old_phase2 and (root / "pretrain_phase2" / "current").resolve() == new_phase2
+    assert _tree(old_phase2) == before            # the old run, checkpoints and all, untouched
+    assert json.loads((new_phase2 / "workflow_stage.json").read_text())["document"]["config"]["trainer"][
+        "max_steps"] == 6
+
+
+def _wandb_runs(run_dir: Path) -> list[tuple[str, str]]:
+    """(run id, group) of each W&B run written offline in a run directory, oldest first."""
+    from tests.helpers.wandb_log import read_wandb_records
+
+    found = []
+    for log in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        run = next(r.run for r in read_wandb_records(log) if r.WhichOneof("record_type") == "run")
+        found.append((run.run_id, run.run_group))
+    return found
+
+
+@pytest.mark.slow
+def test_a_second_launch_is_refused_ctrl_c_stops_everything_and_the_relaunch_resumes(tiny_workflow):
+    """Phase 1 is interrupted after its first checkpoint; meanwhile a second launch is refused; the relaunch
+    continues it in the same run directory, from that checkpoint, in the same W&B run."""
+    wf, root = tiny_workflow, tiny_workflow.root
+    up_to_phase1 = ("~workflow.stages.pretrain_phase2", "~workflow.stages.export", "workflow.downstream.tasks=[]",
+                    "workflow.report=false", "workflow.wandb.mode=offline",
+                    "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=60','scheduler.warmup_steps=2',"
+                    "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0',"
+                    "'callbacks.checkpoint.every_n_train_steps=5','trainer.enable_progress_bar=false']")
+    log = root.parent / "first.log"
+    first = wf.start(*up_to_phase1, log=log)
+    try:
+        deadline = time.monotonic() + 1200
+        while not list(root.glob("pretrain_phase1/*/checkpoints/step*.ckpt")):
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        second = wf.run(*up_to_phase1)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"is already running: a local run, pid {first.pid} on" in second.stderr, second.stderr
+    finally:
+        import os
+        import signal
+        os.killpg(first.pid, signal.SIGINT)        # Ctrl-C in the terminal: its whole process group
+        first.wait(timeout=600)
+    assert first.returncode != 0, log.read_text()
+    status = wf.status(*up_to_phase1)
+    assert status["pretrain_phase1"].startswith("failed"), status
+    (run_dir,) = list((root / "pretrain_phase1").glob("*/workflow_stage.json"))
+    run_dir = run_dir.parent
+    (wandb_run, group), = _wandb_runs(run_dir)
+    assert group == "tiny"
+    plan = wf.plan(*up_to_phase1)
+    assert plan["pretrain_phase1"] == "run: its last run did not finish (a pre-training resumes from its checkpoint)"
+
+    assert wf.run(*up_to_phase1).returncode == 0
+    assert json.loads((root / "pretrain_phase1" / "DONE.json").read_text())["run_dir"] == str(run_dir)
+    assert len(json.loads((run_dir / "workflow_stage.json").read_text())["attempts"]) == 2
+    assert "resuming from" in (run_dir / "train.log").read_text()
+    assert [r for r, _ in _wandb_runs(run_dir)] == [wandb_run, wandb_run]    # one W&B run, one curve

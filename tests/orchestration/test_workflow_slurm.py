@@ -1,63 +1,133 @@
-"""The tiny workflow on the real local SLURM (conftest.py's `slurm_cluster`): a stage made to fail stops its
-dependents (SLURM cancels them), the status says which failed and where its log is, the report still runs; a
-re-run skips what is done and completes the rest."""
+"""The tiny workflow on the real local SLURM (conftest.py's `slurm_cluster`, with accounting), launched as users do:
+`workflow.launcher=slurm` returns at once, and the controller, a SLURM job itself, submits the stages. Every job
+count below is the accounting's (sacct).
+
+- A stage that fails is retried, then stops exactly its dependents; the others finish; the status says which failed
+  and where its log is; a re-launch finishes the rest, its controller requeueing itself on the way (the signal of
+  its time limit) without cancelling or resubmitting the stage job that runs meanwhile.
+- The controller killed outright while a stage job runs (as a node failure would): a second launch meanwhile is
+  refused; a launch after it waits for that job instead of submitting its stage again, and finishes the workflow.
+  Phase 1 runs there as 2 ranks under srun (DDP over gloo), with the requeue contract.
+"""
 from __future__ import annotations
 
 import csv
 import time
-from pathlib import Path
+from collections import Counter
 
 import pytest
 
-from test_workflow_local import STAGES, run_workflow, stage_lines, workflow_env
+from conftest import STAGES, Workflow, copy_checkout
 
-WAIT_S = 900
+WAIT_S = 2400
+FAST_CHECKS = ("workflow.snakemake_args=['--slurm-init-seconds-before-status-checks=5',"
+               "'--seconds-between-status-checks=10']")
+SLURM_SETTINGS = ("workflow.launcher=slurm", "workflow.slurm.account=bert", "workflow.slurm.controller.mem=1G",
+                  FAST_CHECKS)
 
 
-def wait_for_empty_queue(cluster, timeout_s: float = WAIT_S) -> None:
+def _controller_id(stdout: str) -> str:
+    return stdout.split("controller job ", 1)[1].split()[0]
+
+
+def _stage_jobs(cluster, wf: Workflow) -> Counter:
+    """Stage -> number of SLURM jobs this workflow root's controllers submitted for it."""
+    from pipeline.orchestration.snakemake_cli import job_name_prefix
+    from pipeline.orchestration.spec import load_workflow
+    prefix = job_name_prefix(load_workflow(["+workflow=tiny", f"workflow.root={wf.root}"]))
+    return Counter(job["Comment"].removeprefix("rule_") for job in cluster.accounted_jobs()
+                   if job["JobName"].startswith(f"{prefix}_"))
+
+
+def _running_job(cluster, stage: str) -> str | None:
+    out = cluster.run("squeue", "-h", "-o", "%i|%T|%k").stdout.split()
+    return next((line.split("|")[0] for line in out if line.endswith(f"|RUNNING|rule_{stage}")), None)
+
+
+def _wait_until(condition, timeout_s: float, what: str, cluster) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not cluster.run("squeue", "-h").stdout.strip():
-            return
-        time.sleep(3)
-    raise TimeoutError(f"jobs still queued after {timeout_s} s:\n{cluster.run('squeue').stdout}\n{cluster.logs()}")
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout_s} s\n{cluster.run('squeue').stdout}\n{cluster.logs()}")
+        time.sleep(5)
 
 
 @pytest.mark.slow
-def test_tiny_workflow_on_slurm_failure_stops_dependents_and_rerun_completes(slurm_cluster, tmp_path):
-    root = tmp_path / "wf"
-    env = {**workflow_env(), **{k: v for k, v in slurm_cluster.env.items() if k.startswith("SLURM")}}
-    broken = "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=0']"   # train.py refuses: exit 1
+def test_a_failed_stage_stops_its_dependents_and_a_relaunch_finishes_them(slurm_cluster, tmp_path):
+    wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
+    # passes every check before the launch, fails when the stage opens its shard set (20 predictions per sequence)
+    broken = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=20','scheduler.warmup_steps=2',"
+              "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0',"
+              "'data.max_predictions_per_seq=19']")
+    launched = wf.run(*SLURM_SETTINGS, broken, "workflow.retries=1")
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    controller = _controller_id(launched.stdout)
+    assert slurm_cluster.wait_for_job(controller, WAIT_S) == "FAILED", slurm_cluster.logs()
 
-    submitted = run_workflow(root, "workflow.launcher=slurm", broken, env=env)
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-    assert "pretrain_phase1" in submitted.stdout and "after" in stage_lines(submitted.stdout)["pretrain_phase2"][0]
-    wait_for_empty_queue(slurm_cluster)
+    status = wf.status("workflow.launcher=slurm", broken)
+    assert status["prep_phase1"].startswith("done") and status["prep_phase2"].startswith("done"), status
+    assert status["pretrain_phase1"].startswith("failed"), status
+    log = status["pretrain_phase1"].split("log: ")[1].split(",")[0]
+    assert "max_predictions_per_seq=20" in open(log).read()
+    assert all(status[s].startswith("not run") for s in STAGES[3:]), status
+    assert _stage_jobs(slurm_cluster, wf) == {"prep_phase1": 1, "prep_phase2": 1, "pretrain_phase1": 2}   # a retry
+    rows = {row["stage"]: row["state"] for row in csv.DictReader(open(wf.root / "report" / "stages.csv"))}
+    assert rows["pretrain_phase1"] == "failed" and rows["finetune_sst2"] == "not run"   # written after the failure
 
-    status = run_workflow(root, "workflow.action=status", broken, env=env)
-    lines = {name: text[0] for name, text in stage_lines(status.stdout).items()}
-    assert lines["prep_phase1"].startswith("done") and lines["prep_phase2"].startswith("done"), status.stdout
-    assert lines["pretrain_phase1"].startswith("failed") and "exit status 1; log: " in lines["pretrain_phase1"]
-    log = Path(lines["pretrain_phase1"].split("log: ")[1])
-    assert log.is_file() and "trainer.max_steps must be positive" in log.read_text()
-    for dependent in ("pretrain_phase2", "export", "finetune_sst2"):
-        assert lines[dependent].startswith("cancelled"), status.stdout
-    stages = {row["stage"]: row["state"] for row in csv.DictReader(open(root / "report" / "stages.csv"))}
-    assert stages["pretrain_phase1"] == "failed" and stages["finetune_sst2"] == "cancelled"   # report ran anyway
+    relaunched = wf.run(*SLURM_SETTINGS)
+    assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
+    controller = _controller_id(relaunched.stdout)
+    # near its time limit (sbatch --signal=B:USR1@...) the controller requeues itself and leaves its stage job running
+    _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
+    stage_job = _running_job(slurm_cluster, "pretrain_phase1")
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", controller, check=True)
+    _wait_until(lambda: slurm_cluster.job_field(controller, "Restarts") == "1"
+                and slurm_cluster.job_field(controller, "JobState") == "PENDING", 300, "no requeue", slurm_cluster)
+    assert slurm_cluster.job_field(stage_job, "JobState") in ("RUNNING", "COMPLETING", "COMPLETED")
+    slurm_cluster.run("scontrol", "update", f"JobId={controller}", "StartTime=now", check=True)
+    assert slurm_cluster.wait_for_job(controller, WAIT_S) == "COMPLETED", slurm_cluster.logs()
+    log = (wf.root / "_workflow" / "logs" / f"controller-{controller}.log").read_text()
+    assert "requeueing the controller" in log and "restart 1" in log, log
+    status = wf.status("workflow.launcher=slurm")
+    assert all(status[s].startswith("done") for s in STAGES), status
+    assert _stage_jobs(slurm_cluster, wf) == {"prep_phase1": 1, "prep_phase2": 1, "pretrain_phase1": 3,
+                                              "pretrain_phase2": 1, "export": 1, "finetune_sst2": 1}
+    assert [row["task"] for row in csv.DictReader(open(wf.root / "report" / "scores.csv"))] == ["sst2"]
 
-    rerun = run_workflow(root, "workflow.launcher=slurm", env=env)
-    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
-    lines = stage_lines(rerun.stdout)
-    assert lines["prep_phase1"] == ["skipped: done, same config and inputs"]
-    assert lines["prep_phase2"] == ["skipped: done, same config and inputs"]
-    assert all(lines[s][0].startswith("submitted as job") for s in STAGES[2:]), rerun.stdout
-    assert "after" not in lines["pretrain_phase1"][0]     # its inputs are done: nothing to wait for
-    wait_for_empty_queue(slurm_cluster)
 
-    status = run_workflow(root, "workflow.action=status", env=env)
-    states = {name: text[0].split()[0] for name, text in stage_lines(status.stdout).items()}
-    assert all(states[s] == "done" for s in STAGES), status.stdout + slurm_cluster.logs()
-    scores = list(csv.DictReader(open(root / "report" / "scores.csv")))
-    assert [s["task"] for s in scores] == ["sst2"]
-    stage_rows = {row["stage"]: row for row in csv.DictReader(open(root / "report" / "stages.csv"))}
-    assert all(stage_rows[s]["state"] == "done" and stage_rows[s]["job"] for s in STAGES)
+@pytest.mark.slow
+def test_a_killed_controller_is_relaunched_without_submitting_a_running_stage_again(slurm_cluster, tmp_path):
+    wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
+    two_ranks = ("workflow.stages.pretrain_phase1.resources.tasks_per_node=2",
+                 "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=40','scheduler.warmup_steps=2',"
+                 "'data.global_batch_size=8','data.micro_batch_size=4','data.num_workers=0',"
+                 "'callbacks.checkpoint.every_n_train_steps=10','trainer.enable_progress_bar=false']")
+    launched = wf.run(*SLURM_SETTINGS, *two_ranks)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    controller = _controller_id(launched.stdout)
+
+    _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
+    stage_job = _running_job(slurm_cluster, "pretrain_phase1")
+    assert slurm_cluster.job_field(stage_job, "NumTasks") == "2"
+    assert slurm_cluster.job_field(stage_job, "Requeue") == "1"
+
+    refused = wf.run(*SLURM_SETTINGS, *two_ranks)
+    assert refused.returncode == 2 and f"already running: SLURM controller job {controller}" in refused.stderr, \
+        refused.stdout + refused.stderr
+
+    slurm_cluster.run("scancel", "--full", "--signal=KILL", controller, check=True)   # no chance to clean up
+    _wait_until(lambda: slurm_cluster.job_field(controller, "JobState") not in ("RUNNING", "COMPLETING"), 300,
+                "the controller did not die", slurm_cluster)
+    assert slurm_cluster.job_field(stage_job, "JobState") == "RUNNING"        # its stage goes on without it
+
+    relaunched = wf.run(*SLURM_SETTINGS, *two_ranks)
+    assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
+    second = _controller_id(relaunched.stdout)
+    assert slurm_cluster.wait_for_job(second, WAIT_S) == "COMPLETED", slurm_cluster.logs()
+    log = (wf.root / "_workflow" / "logs" / f"controller-{second}.log").read_text()
+    assert f"waiting for job {stage_job} (stage pretrain_phase1" in log, log
+    assert _stage_jobs(slurm_cluster, wf) == dict.fromkeys(STAGES, 1)        # no stage submitted twice
+    status = wf.status("workflow.launcher=slurm", *two_ranks)
+    assert all(status[s].startswith("done") for s in STAGES), status
+    ranks = (wf.root / "pretrain_phase1" / "current" / "stage.log").read_text()
+    assert "srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2" in ranks

@@ -1,0 +1,98 @@
+"""The SLURM controller: Snakemake with the SLURM executor, itself running as a small SLURM job, so that a
+workflow of days depends on no login shell. `workflow.launcher=slurm` submits it (launch.py) and returns.
+
+    python -m pipeline.orchestration.controller <launch spec>      (the job's command)
+
+1. Takes the launch lock and records its job id (guard.py).
+2. Waits for this root's stage jobs that are still queued or running: an earlier controller of this root was
+   killed, or this one was requeued. Snakemake cannot adopt them, and must not submit their stages again; once they
+   end, their sentinels say which finished.
+3. Runs Snakemake in its own session, with the job's SLURM_* variables removed but SLURM_CONF kept
+   (snakemake_cli.snakemake_env).
+4. Signals. SIGUSR1 (sbatch --signal=B:USR1@300, before the job's time limit): Snakemake is killed outright, so
+   that it does not cancel the stage jobs, and the job requeues itself; the requeued controller goes on from step 2.
+   SIGTERM (scancel of the controller): passed to Snakemake, which cancels the stage jobs it runs and exits.
+5. When Snakemake ends: the report, also after a failure.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.core.app import REPO_ROOT
+from pipeline.orchestration import guard, runs
+from pipeline.orchestration.launch import finish
+from pipeline.orchestration.slurm_jobs import QueueError, wait_for_stage_jobs
+from pipeline.orchestration.snakemake_cli import base_args, job_name_prefix, run_args, snakemake_env
+from pipeline.orchestration.spec import WorkflowError, workflow_from_dict
+
+
+def say(message: str) -> None:
+    print(f"[{runs.now()}] {message}", flush=True)
+
+
+def run_controller(spec_path: Path) -> int:
+    launch = runs.read_json(spec_path)
+    workflow = workflow_from_dict(launch["workflow"])
+    job_id = os.environ.get("SLURM_JOB_ID")
+    lock = guard.LaunchLock(workflow)
+    lock.acquire()
+    previous = guard.controller_record(workflow) or {}
+    record = guard.write_controller_record(
+        workflow, kind="slurm", job_id=job_id, host=socket.gethostname(), pid=os.getpid(), started=runs.now(),
+        restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0), spec=str(spec_path),
+        submitted=previous.get("submitted"), log=previous.get("log"))
+    say(f"controller of workflow {workflow.name} (job {job_id}, restart {record['restarts']}), spec {spec_path}")
+    try:
+        wait_for_stage_jobs(job_name_prefix(workflow), say)
+    except QueueError as error:
+        say(f"cannot see the queue ({error}): not submitting anything")
+        return 1
+    env = snakemake_env()
+    guard.release_stale_snakemake_lock(workflow, base_args(workflow, spec_path), env)
+    child = subprocess.Popen(run_args(workflow, spec_path, "slurm"), env=env, cwd=REPO_ROOT, start_new_session=True)
+    requeued: list[bool] = []
+
+    def requeue(_signum, _frame):
+        say("time limit near: stopping Snakemake without cancelling its jobs, and requeueing the controller")
+        requeued.append(True)
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        lock.release()
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
+
+    def stop(signum, _frame):
+        say(f"{signal.Signals(signum).name}: Snakemake cancels the running stage jobs and stops")
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGUSR1, requeue)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = child.wait()
+    if requeued:
+        return 0
+    finish(workflow, spec_path, code, record)
+    lock.release()
+    say(f"Snakemake exited with status {code}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    try:
+        return run_controller(Path(argv[0]))
+    except WorkflowError as error:
+        say(f"controller refused: {error}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

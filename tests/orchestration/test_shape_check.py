@@ -1,0 +1,80 @@
+"""Every shipped workflow passes its stages' own pre-flight checks at the shape each stage declares (nodes x
+processes), before anything runs; a stage that would fail at its start is refused at once, saying which and why."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.finetuning.tasks import get_task
+from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow
+from pipeline.orchestration.stages import compose_stage, environment, stage_specs
+
+
+def _task_files(workflow) -> None:
+    """The files each downstream task reads, where its composed config looks for them (GLUE_DIR, SQUAD_DIR): the
+    check is about the shape, and needs only that they exist."""
+    for stage in workflow.stages:
+        if stage.entry != "finetune":
+            continue
+        with environment(workflow.env):
+            cfg = compose_stage(workflow, stage)
+        task = get_task(str(cfg.task.name))
+        directory = Path(cfg.data.dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        for split in ("train", *task.eval_splits):
+            (directory / task.splits[split]).touch()
+
+
+@pytest.fixture
+def cluster_inputs(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    for folder, name in (("wikipedia", "enwiki-pages-articles1.xml.bz2"), ("bookcorpus", "book.txt")):
+        (corpus / folder).mkdir(parents=True)
+        (corpus / folder / name).touch()
+    monkeypatch.setenv("WANDB_API_KEY", "test-key-for-the-mode-check")     # bert_base logs to W&B online
+    return ["workflow.corpus_root=" + str(corpus), f"workflow.env.GLUE_DIR={tmp_path / 'glue'}",
+            f"workflow.env.SQUAD_DIR={tmp_path / 'squad'}", f"workflow.root={tmp_path / 'wf'}"]
+
+
+@pytest.mark.parametrize("name", available_workflows())
+def test_every_shipped_workflow_passes_its_stages_checks_at_their_declared_shape(name, cluster_inputs):
+    inputs = cluster_inputs if name != "tiny" else cluster_inputs[1:]    # tiny reads the bundled sample
+    workflow = load_workflow([f"+workflow={name}", *inputs])
+    _task_files(workflow)
+    specs = stage_specs(workflow)          # raises on the first refusal
+    shapes = {s.name: s.resources.world_size for s in workflow.stages if s.entry == "train"}
+    if name.startswith("bert_"):
+        assert shapes == {"pretrain_phase1": 32 if name == "bert_base" else 64,
+                          "pretrain_phase2": 32 if name == "bert_base" else 64}
+    assert {s.entry for s in specs.values()} >= {"data_prep", "train", "export", "finetune", "report"}
+
+
+def test_a_batch_that_does_not_split_over_the_declared_gpus_is_refused(cluster_inputs):
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs,
+                              "workflow.stages.pretrain_phase1.overrides=['+experiment=bert_base',"
+                              "'data.global_batch_size=100']"])
+    _task_files(workflow)
+    with pytest.raises(WorkflowError, match=r"stage pretrain_phase1 \(train\) refused at 4 node\(s\) x 8 process\(es\)"
+                                            r": .*100"):
+        stage_specs(workflow)
+
+
+def test_missing_task_data_is_refused_naming_the_variable_to_set(cluster_inputs):
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs[:1]])
+    with pytest.raises(WorkflowError, match="stage finetune_cola .* set GLUE_DIR"):
+        stage_specs(workflow)
+
+
+def test_wandb_online_without_a_key_is_refused(cluster_inputs, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY")
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs])
+    _task_files(workflow)
+    with pytest.raises(WorkflowError, match="stage pretrain_phase1 .* WANDB_API_KEY"):
+        stage_specs(workflow)
+
+
+def test_a_phase_two_without_its_phase_one_is_refused(cluster_inputs):
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, "~workflow.stages.pretrain_phase2.inputs.init"])
+    with pytest.raises(WorkflowError, match="stage pretrain_phase2 .* init_from_checkpoint"):
+        stage_specs(workflow)
