@@ -1,8 +1,9 @@
 """Convergence parity: our pre-training against transformers' BertForPreTraining, step by step, on real shards.
 
     python benchmarks/bench_pretrain.py            # BERT-mini, 300 steps of 32 sequences (about half an hour)
-    python benchmarks/bench_pretrain.py --quick    # BERT-tiny, 60 steps of 16 (a few minutes)
+    python benchmarks/bench_pretrain.py --quick    # BERT-tiny, 50 steps of 8 (a few minutes)
     python benchmarks/bench_pretrain.py --shards <a static shard set> [--steps N] [--lr 3e-4] [--every 25]
+    python benchmarks/bench_pretrain.py --figure benchmarks/figures/pretrain_parity.png   # also plot every step
 
 What is compared, and why it is a fair comparison:
 - Weights: our model.BertForPreTraining at its own initialisation (seeded), copied into transformers'
@@ -46,6 +47,7 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -221,11 +223,12 @@ def agreement(history: list[dict]) -> dict:
     result = {}
     for metric in METRICS:
         envelope, worst = 0.0, {"abs": 0.0, "rel": 0.0, "of_allowed": 0.0, "step": 0, "control_abs": 0.0}
-        failures = []
+        failures, gaps = [], []
         for row in history:
             ours = row["ours"][metric]
             envelope = max(envelope, abs(row["control"][metric] - ours))
             gap = abs(row["transformers"][metric] - ours)
+            gaps.append(gap)
             share = gap / allowed(envelope, ours)
             worst["abs"] = max(worst["abs"], gap)
             worst["rel"] = max(worst["rel"], gap / max(abs(ours), 1e-30))
@@ -234,7 +237,7 @@ def agreement(history: list[dict]) -> dict:
                 worst["of_allowed"], worst["step"] = share, row["step"]
             if not math.isfinite(share) or share > 1.0:
                 failures.append(row["step"])
-        result[metric] = {**worst, "failures": failures}
+        result[metric] = {**worst, "mean_abs": statistics.fmean(gaps), "failures": failures}
     return result
 
 
@@ -248,6 +251,39 @@ def table_row(row: dict) -> str:
     return (f"{row['step']:>5} {row['lr']:>9.2e} | {o['mlm']:>10.6f} {h['mlm']:>10.6f} {abs(h['mlm'] - o['mlm']):>8.1e} "
             f"{abs(c['mlm'] - o['mlm']):>8.1e} | {o['nsp']:>9.6f} {h['nsp']:>9.6f} {abs(h['nsp'] - o['nsp']):>8.1e} "
             f"{abs(c['nsp'] - o['nsp']):>8.1e} | {abs(h['grad_norm'] - o['grad_norm']):>16.1e}")
+
+
+def plot(history: list[dict], path: Path, title: str) -> None:
+    """Per objective: both sides' loss (top) and, log-scaled, |transformers - ours| beside |control - ours| (bottom)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in history]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharex=True)
+    for column, (metric, label) in enumerate((("mlm", "MLM loss"), ("nsp", "NSP loss"))):
+        top, bottom = axes[0][column], axes[1][column]
+        for side, style in (("ours", "-"), ("transformers", "--")):
+            top.plot(steps, [row[side][metric] for row in history], style, label=side)
+        top.set_title(label)
+        top.legend()
+        for side, colour in (("transformers", "C1"), ("control", "C2")):
+            gaps = [max(abs(row[side][metric] - row["ours"][metric]), 1e-9) for row in history]
+            bottom.semilogy(steps, gaps, ".", color=colour, markersize=3,
+                            label=f"|{side} - ours|" + (" (reordered rows: fp32 noise)" if side == "control" else ""))
+        bottom.set_xlabel("optimizer step")
+        bottom.set_ylabel("absolute difference (1e-9 = equal)")
+        bottom.legend(fontsize=8)
+    fig.suptitle(f"Convergence parity with transformers' BertForPreTraining: {title}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"figure: {path}")
+
+
+def stop_early(signum, frame):
+    """SIGTERM as Ctrl-C: a run in the background (where SIGINT is ignored) can be stopped with its summary."""
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="torch threads of every side (default 2; --quick 1: a check "
                         "meant for a shared CI runner)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--figure", type=Path, help="also plot the losses and |ours - transformers| at every step "
+                        "against the control's noise into this image (PNG)")
     parser.add_argument("--inject-lr-error", type=float, default=0.0, metavar="FRACTION",
                         help="a check of the check: give transformers' side a learning rate off by this fraction "
                              "(e.g. 0.01); the comparison must then fail")
@@ -295,22 +333,32 @@ def main(argv: list[str] | None = None) -> int:
             print(f"shards: data_prep phase1 (static masking, dupe_factor {size['dupe_factor']}) of "
                   f"{', '.join(size['books'])} in {time.perf_counter() - started:.0f} s")
         history = []
-        for step, batch in enumerate(training_batches(shards, batch_size, steps, args.seed,
-                                                      sides[0].model.config.vocab_size), start=1):
-            lr = sides[0].optimizer.param_groups[0]["lr"]
-            order = sides if step % 2 else [sides[1], sides[0], sides[2]]   # neither side always runs first
-            row = {"step": step, "lr": lr, **{side.name: side.step(batch) for side in order}}
-            history.append(row)
-            if step == 1:
-                print("\n" + HEADER)
-            if step in (1, steps) or step % args.every == 0:
-                print(table_row(row), flush=True)
-
+        signal.signal(signal.SIGTERM, stop_early)
+        try:
+            for step, batch in enumerate(training_batches(shards, batch_size, steps, args.seed,
+                                                          sides[0].model.config.vocab_size), start=1):
+                lr = sides[0].optimizer.param_groups[0]["lr"]
+                order = sides if step % 2 else [sides[1], sides[0], sides[2]]   # neither side always runs first
+                row = {"step": step, "lr": lr, **{side.name: side.step(batch) for side in order}}
+                history.append(row)
+                if step == 1:
+                    print("\n" + HEADER)
+                if step in (1, steps) or step % args.every == 0:
+                    print(table_row(row), flush=True)
+        except KeyboardInterrupt:   # Ctrl-C or kill (SIGTERM) on a slow machine: keep what the finished steps measured
+            print(f"\nINTERRUPTED after step {len(history)} of {steps}: the figures below cover the finished steps only")
+            if history and history[-1]["step"] % args.every:
+                print(table_row(history[-1]))
+    if not history:
+        return 2
     result = agreement(history)
-    print(f"\nover all {steps} steps (allowed |diff| at a step: {FACTOR:g} x control envelope + {FLOOR_ULPS} x eps32 "
+    if args.figure:
+        plot(history, args.figure, f"{preset}, {len(history)} of {steps} steps of {batch_size}, lr {args.lr:g}, fp32")
+    print(f"\nover all {len(history)} steps (allowed |diff| at a step: {FACTOR:g} x control envelope + {FLOOR_ULPS} x eps32 "
           f"x |ours|, eps32 = {EPS32:.3g}):")
     for metric, r in result.items():
-        print(f"  {metric:9s} max |ours - transformers| {r['abs']:.2e} (relative {r['rel']:.2e}); control envelope "
+        print(f"  {metric:9s} max |ours - transformers| {r['abs']:.2e} (relative {r['rel']:.2e}), mean "
+              f"{r['mean_abs']:.2e}; control envelope "
               f"at the end {r['control_abs']:.2e}; largest share of the allowed difference {r['of_allowed']:.2f} "
               f"(step {r['step']}); steps outside: {len(r['failures'])}")
     times = {side.name: statistics.median(side.seconds[1:] or side.seconds) for side in sides}
@@ -322,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"DISAGREE: {', '.join(failed)} outside numerical noise (first at step "
               f"{min(min(result[m]['failures']) for m in failed)})")
         return 1
-    print(f"AGREE: MLM, NSP and gradient norm within numerical noise at every one of the {steps} steps")
-    return 0
+    print(f"AGREE: MLM, NSP and gradient norm within numerical noise at every one of the {len(history)} steps")
+    return 0 if len(history) == steps else 2   # an interrupted run agreed so far, but is not the whole comparison
 
 
 if __name__ == "__main__":
