@@ -27,6 +27,11 @@ def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -
 
 # Dense (no 2:4 sparsity) tensor-core peaks in FLOP/s for bf16 (fp16 on V100, which has no bf16), per GPU,
 # from NVIDIA's datasheets (which quote sparse figures at twice these).
+# Not lightning_fabric.utilities.throughput.get_available_flops (checked in Lightning 2.6.6), though it agrees on the
+# H100 SXM (989.4e12), the H100 PCIe and the A100: torch names the H200 SXM "NVIDIA H200", which its parser does not
+# recognise (it looks for "sxm1" / "nvl1" and returns None), and its H200 and H100 NVL bf16 entries (2.0e15,
+# 1978.8e12) are the with-sparsity figures, twice the dense peak; it has no A10, no bf16 for the V100, and 125e12
+# for the A10G. benchmarks/gpu_check.py prints both figures for the GPU it runs on.
 PEAK_FLOPS: dict[str, float] = {
     "v100": 125e12,       # V100 SXM2 fp16 (the PCIe card: 112e12); V100 datasheet
     "a100": 312e12,       # A100 SXM4 and PCIe, 40 and 80 GB; A100 datasheet

@@ -4,7 +4,9 @@
     perf/padded_tokens_per_s   tokens including padding (what the hardware computes on), all ranks
     perf/sequences_per_s       sequences per second, all ranks
     perf/mfu                   model FLOPs / s over the peak of all devices (model.flops_per_token at each batch's
-                               padded length and number of predictions); only with a known peak
+                               padded length and number of predictions; for a fine-tuning batch, without MLM
+                               labels, the encoder and pooler only: a task head's few FLOPs are left out); only
+                               with a known peak
 
 The peak FLOP/s of one device: callbacks.throughput.peak_flops (a number, or a key of model.PEAK_FLOPS), else
 looked up from the CUDA device name (model.peak_flops_for_device), else none and no MFU (the CPU). The table's
@@ -72,7 +74,10 @@ class ThroughputMonitor(pl.Callback):
                               torch.tensor(float(sequences), dtype=torch.float64, device=tokens.device)])
         self._counts = counts if self._counts is None else self._counts + counts
         positions = batch.get("masked_positions")
-        predictions = positions.shape[1] if positions is not None else seq_len
+        if positions is not None:
+            predictions = positions.shape[1]
+        else:   # (B, T) MLM labels score every position; a fine-tuning batch (task labels) has no MLM head at all
+            predictions = seq_len if "masked_lm_labels" in batch else 0
         self._flops += flops_per_token(pl_module.model.config, seq_len, predictions) * input_ids.numel()
 
         step = trainer.global_step

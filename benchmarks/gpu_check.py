@@ -1,0 +1,317 @@
+"""A GPU check in ten minutes: BERT-Large pre-training at seq 128 and 512, and BERT-Base fine-tuning on SST-2, in bf16.
+
+    python benchmarks/gpu_check.py          # on one GPU; writes outputs/gpu_check/gpu_check.md
+    python benchmarks/gpu_check.py --cpu    # the same code paths at tiny sizes on the CPU (a test in CI)
+
+Every row is the pipeline's own run: pipeline.pretraining.run.train / pipeline.finetuning.run.finetune with a config
+composed as `python pipeline/train.py` / `pipeline/finetune.py` would compose it (pipeline.core.app.compose), each in
+a process of its own (a clean CUDA context, so that its peak memory is its own):
+- pre-training, +experiment=bert_large (seq 128) and +experiment=bert_large_phase2 (seq 512), with the recipes'
+  micro-batches (64 and 8 sequences), on shards that data_prep makes from the bundled sample corpus:
+  - DDP (one process) with DeepSpeed's fused LAMB (optimizer=fused_lamb; the CPU has no fused LAMB: lamb there),
+  - DeepSpeed ZeRO-2 with torch's fused AdamW (optimizer=adamw: fused wherever the parameters are), as bert_base;
+- fine-tuning BERT-Base (random weights: speed, not scores) on the bundled SST-2 sample, batch 32.
+Precision bf16-mixed (autocast; DeepSpeed: its bf16 mode) on the GPU and on the CPU alike.
+
+Figures per row: sequences/s, tokens/s (padded: what the hardware computes on; and without padding) and MFU, all
+from the pipeline's throughput callback (pipeline/core/callbacks/throughput.py: MFU = model FLOPs over the device's
+dense bf16 peak, model/flops.py), the median of its windows after the first (which holds start-up and the profiled
+step); peak memory (torch.cuda.max_memory_allocated; on the CPU the process's peak RSS); and the scaled-dot-product
+attention kernel the step actually ran (benchmarks/gpu_probes.py: the operators of one profiled step).
+Goal (issue 17): MFU 55% for BERT-Large at seq 128 on an H100 (NVIDIA's published A100 throughput is about 44%).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import BUNDLED_VOCAB, REPO_ROOT
+
+GOAL_MFU = 0.55
+BUNDLED_BOOK = REPO_ROOT / "data_prep" / "sample_corpus" / "books" / "chesterton-ball.txt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What differs between the GPU check and its CPU rehearsal: sizes, device, and the fused LAMB."""
+    large: str              # the pre-training model
+    base: str               # the fine-tuning model
+    trainer: str            # conf/training/trainer/
+    lamb: str               # the LAMB of the DDP rows
+    micro_128: int
+    micro_512: int
+    accumulation: int       # micro-batches per optimizer step (NVIDIA's recipe: 128; here the step's cost shows)
+    steps: int
+    log_every: int          # the throughput window, in optimizer steps
+    finetune_batch: int
+    loader_workers: int
+    budget_s: float | None  # the whole check, start-up and data included
+    case_timeout_s: float   # one row (the CPU rehearsal: DeepSpeed's JIT build of its CPU comm op included)
+
+
+GPU = Sizes(large="large", base="base", trainer="gpu", lamb="fused_lamb", micro_128=64, micro_512=8, accumulation=4,
+            steps=40, log_every=10, finetune_batch=32, loader_workers=2, budget_s=600,
+            case_timeout_s=300)
+CPU = Sizes(large="tiny", base="tiny", trainer="cpu", lamb="lamb", micro_128=4, micro_512=2, accumulation=2,
+            steps=4, log_every=2, finetune_batch=8, loader_workers=0, budget_s=None, case_timeout_s=1200)
+PRECISION = "bf16-mixed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    program: str            # "train" or "finetune"
+    model: str
+    seq: str
+    strategy: str
+    optimizer: str
+    batch: str              # micro-batch x accumulation
+    overrides: tuple[str, ...]
+
+
+def cases(sizes: Sizes, work: Path) -> list[Case]:
+    runs = []
+    for seq, experiment, micro, shards in ((128, "bert_large", sizes.micro_128, work / "shards128"),
+                                           (512, "bert_large_phase2", sizes.micro_512, work / "shards512")):
+        for strategy, optimizer, extra in (("ddp", sizes.lamb, ()),
+                                           ("deepspeed_stage_2", "adamw", ("optimizer.lr=1e-4",))):
+            runs.append(Case(
+                name=f"pretrain-{seq}-{strategy}", program="train", model=sizes.large, seq=str(seq), strategy=strategy,
+                optimizer=optimizer, batch=f"{micro} x {sizes.accumulation}",
+                overrides=(f"+experiment={experiment}", "require_init_from_checkpoint=false", f"model={sizes.large}",
+                           f"trainer={sizes.trainer}", "trainer.devices=1", "trainer.num_nodes=1",
+                           f"trainer.precision={PRECISION}", f"strategy={strategy}", f"optimizer={optimizer}", *extra,
+                           "logger=csv", f"data.path={shards}", f"data.micro_batch_size={micro}",
+                           f"data.global_batch_size={micro * sizes.accumulation}",
+                           f"data.num_workers={sizes.loader_workers}", "data.verify_checksums=false",
+                           f"trainer.max_steps={sizes.steps}", f"trainer.log_every_n_steps={sizes.log_every}",
+                           "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+                           "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
+                           "export.hf=false", "export.plot=false")))
+    batch = sizes.finetune_batch
+    # optimizer.fused=false: Lightning's bf16-mixed precision refuses gradient clipping (finetune.yaml clips to 1.0)
+    # with any optimizer that unscales gradients itself, torch's fused AdamW included ("does not allow for gradient
+    # clipping because it performs unscaling of gradients internally"), on the CPU and on GPUs alike.
+    runs.append(Case(
+        name="finetune-sst2", program="finetune", model=sizes.base, seq="longest in batch", strategy="auto",
+        optimizer="adamw (not fused)", batch=f"{batch} x 1",
+        overrides=("task=sst2", "optimizer.fused=false", f"init={work / 'init'}", f"trainer.accelerator={'gpu' if sizes.trainer == 'gpu' else 'cpu'}",
+                   "trainer.devices=1", f"trainer.precision={PRECISION}", "trainer.max_epochs=1",
+                   f"trainer.log_every_n_steps={sizes.log_every}", "trainer.enable_progress_bar=false",
+                   f"data.batch_size={batch}", f"data.limit_train_examples={batch * sizes.steps}",
+                   f"data.limit_eval_examples={4 * batch}", f"data.cache_dir={work / 'datasets_cache'}",
+                   "export.hf=false", "export.plot=false", "logger=csv")))
+    return runs
+
+
+# ----------------------------------------------------------------------------------------------------------
+# inputs: shards and the fine-tuning weights
+
+def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
+    """Shards at seq 128 and 512 (the bundled sample corpus on the GPU, one of its books on the CPU), and BERT-Base
+    (tiny on the CPU) at random initialisation as a Hugging Face directory for fine-tuning's init=."""
+    from data_prep.run import run
+
+    for seq, given, preset in ((128, args.shards_128, "phase1"), (512, args.shards_512, "phase2")):
+        target = work / f"shards{seq}"
+        if given is not None:
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            target.symlink_to(Path(given).resolve())
+        elif not (target / "manifest.json").exists():
+            started = time.perf_counter()
+            if sizes is GPU:   # the bundled sample, 2 copies (~20k rows at seq 128): no epoch ends inside the run
+                run([f"preset=sample{'' if seq == 128 else '_phase2'}", f"output_dir={target}", "dupe_factor=2"])
+            else:
+                run([f"preset={preset}", f"inputs=[{{path: '{BUNDLED_BOOK}', format: books}}]", f"output_dir={target}",
+                     "dupe_factor=1", "num_shards=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
+            print(f"shards at seq {seq}: data_prep in {time.perf_counter() - started:.0f} s", flush=True)
+    init = work / "init"
+    if not (init / "config.json").exists():
+        import torch
+
+        from model import BertConfig, BertForPreTraining
+        from model.hf_files import export_hf
+
+        torch.manual_seed(0)
+        export_hf(BertForPreTraining(BertConfig.from_preset(sizes.base)), init, BUNDLED_VOCAB)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one case, in its own process
+
+def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
+    import torch
+
+    from gpu_probes import AttentionBackendProbe, peak_memory
+    from pipeline.core.app import compose
+    from pipeline.core.callbacks.throughput import ThroughputMonitor
+    from pipeline.core.loggers import csv_metrics_path
+
+    if sizes is CPU:
+        torch.set_num_threads(1)   # a shared CI runner: more threads than free cores slow a step down many times
+    out = work / case.name
+    probe = AttentionBackendProbe()
+    overrides = [*case.overrides, f"output_dir={out}"]
+    started = time.perf_counter()
+    if case.program == "train":
+        from pipeline.pretraining.run import train
+        train(compose("train", overrides), extra_callbacks=[probe])
+    else:   # fine-tuning builds no throughput callback of its own
+        from pipeline.finetuning.run import finetune
+        finetune(compose("finetune", overrides), extra_callbacks=[ThroughputMonitor(sizes.log_every), probe])
+    memory, memory_kind = peak_memory()
+    return {"windows": throughput_windows(csv_metrics_path(out)), "attention": probe.backends,
+            "peak_memory": memory, "peak_memory_kind": memory_kind, "seconds": time.perf_counter() - started,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", **peak_flops_sources()}
+
+
+def throughput_windows(csv_path: Path) -> list[dict]:
+    import csv
+
+    with open(csv_path, newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("perf/sequences_per_s")]
+    return [{key: float(value) for key, value in row.items() if key.startswith("perf/") and value} for row in rows]
+
+
+def peak_flops_sources() -> dict:
+    """The bf16 peak the throughput callback divides by (model/flops.py), and Lightning's figure for comparison."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"peak_flops": None, "lightning_peak_flops": None}
+    from lightning_fabric.utilities.throughput import get_available_flops
+
+    from model import peak_flops_for_device
+    device = torch.device("cuda", torch.cuda.current_device())
+    return {"peak_flops": peak_flops_for_device(torch.cuda.get_device_name(device)),
+            "lightning_peak_flops": get_available_flops(device, torch.bfloat16)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the table
+
+def summarise(result: dict) -> dict:
+    """Medians over the throughput windows after the first."""
+    windows = result["windows"][1:] or result["windows"]
+    if not windows:
+        raise ValueError("the run logged no throughput window")
+    return {key: statistics.median(w[key] for w in windows) for key in windows[0]}
+
+
+def table(rows: list[tuple[Case, dict]], sizes: Sizes) -> str:
+    lines = ["| run | model | seq | strategy | optimizer | micro-batch x accumulation | sequences/s | tokens/s "
+             "(padded) | tokens/s (no padding) | MFU | peak memory | attention kernel (SDPA) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case, result in rows:
+        head = f"| {case.name} | {case.model} | {case.seq} | {case.strategy} | {case.optimizer} | {case.batch} |"
+        if "error" in result:
+            lines.append(f"{head} failed: {result['error']} | | | | | |")
+            continue
+        s = summarise(result)
+        mfu = f"{s['perf/mfu']:.1%}" if "perf/mfu" in s else "n/a (no peak)"
+        lines.append(f"{head} {s['perf/sequences_per_s']:,.1f} | {s['perf/padded_tokens_per_s']:,.0f} | "
+                     f"{s['perf/tokens_per_s']:,.0f} | {mfu} | {result['peak_memory'] / 2**30:.2f} GiB | "
+                     f"{result['attention']} |")
+    return "\n".join(lines)
+
+
+def header(rows: list[tuple[Case, dict]], sizes: Sizes, command: str) -> str:
+    done = [result for _, result in rows if "error" not in result]
+    device = done[0]["device"] if done else "?"
+    peak, theirs = (done[0].get("peak_flops"), done[0].get("lightning_peak_flops")) if done else (None, None)
+    peak_line = (f"peak {peak / 1e12:,.0f} TFLOP/s dense bf16 (model/flops.py; Lightning's get_available_flops says "
+                 f"{theirs / 1e12:,.0f} TFLOP/s)" if peak and theirs else
+                 f"peak {peak / 1e12:,.0f} TFLOP/s dense bf16 (model/flops.py; Lightning's table has no figure)"
+                 if peak else "no peak FLOP/s for this device: no MFU")
+    memory = done[0]["peak_memory_kind"] if done else "?"
+    return (f"{time.strftime('%Y-%m-%d %H:%M')}, {device}; `{command}`; precision {PRECISION}; {peak_line}; "
+            f"{sizes.steps} optimizer steps a run, figures the median of the throughput windows of "
+            f"{sizes.log_every} steps after the first; peak memory: {memory}.")
+
+
+def verdict(rows: list[tuple[Case, dict]]) -> str:
+    seq128 = [summarise(r).get("perf/mfu") for c, r in rows
+              if c.program == "train" and c.seq == "128" and c.model == "large" and "error" not in r]
+    seq128 = [m for m in seq128 if m is not None]
+    if not seq128:
+        return f"Goal MFU {GOAL_MFU:.0%} for BERT-Large at seq 128 on an H100: not measured here."
+    best = max(seq128)
+    return (f"Goal MFU {GOAL_MFU:.0%} for BERT-Large at seq 128 on an H100: best here {best:.1%}, "
+            f"{'met' if best >= GOAL_MFU else 'not met'}.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU: the same code paths, for CI")
+    parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "outputs" / "gpu_check",
+                        help="runs, shards and the table (default outputs/gpu_check)")
+    parser.add_argument("--shards-128", type=Path, help="a phase-1 shard set to use instead of making one")
+    parser.add_argument("--shards-512", type=Path, help="a phase-2 shard set to use instead of making one")
+    parser.add_argument("--only", nargs="+", help="run only these rows (names as in the table)")
+    parser.add_argument("--case", help=argparse.SUPPRESS)   # internal: run one row in this process
+    args = parser.parse_args(argv)
+    sizes = CPU if args.cpu else GPU
+    work = args.workdir.resolve()
+    plan = {case.name: case for case in cases(sizes, work)}
+
+    if args.case:   # the child: one run, its figures as JSON
+        (work / f"{args.case}.json").write_text(json.dumps(run_case(plan[args.case], sizes, work)))
+        return 0
+
+    import torch
+    if not args.cpu and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on a GPU machine, or pass --cpu for the CPU rehearsal")
+    started = time.perf_counter()
+    work.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: {command}", flush=True)
+    prepare_inputs(sizes, work, args)
+    rows = []
+    for case in plan.values():
+        if args.only and case.name not in args.only:
+            continue
+        rows.append((case, run_child(case, args, work, sizes, started)))
+    text = "\n\n".join([header(rows, sizes, command), table(rows, sizes), verdict(rows)])
+    print("\n" + text)
+    (work / "gpu_check.md").write_text(text + "\n")
+    print(f"\nwritten to {work / 'gpu_check.md'}; {time.perf_counter() - started:.0f} s in all")
+    return 1 if any("error" in result for _, result in rows) else 0
+
+
+def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, started: float) -> dict:
+    result_file = work / f"{case.name}.json"
+    result_file.unlink(missing_ok=True)
+    command = [sys.executable, str(Path(__file__).resolve()), "--case", case.name, "--workdir", str(work),
+               *(["--cpu"] if args.cpu else [])]
+    timeout = sizes.case_timeout_s
+    if sizes.budget_s is not None:
+        timeout = min(timeout, max(30.0, sizes.budget_s - (time.perf_counter() - started)))
+    print(f"{case.name}: {' '.join(case.overrides)}", flush=True)
+    try:
+        # On the CPU rehearsal: DeepSpeed's CPU accelerator (it picks one when first imported), and one thread, which
+        # Lightning would otherwise raise to the core count where OMP_NUM_THREADS is unset.
+        cpu_env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
+        env = {**os.environ, **cpu_env}
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"stopped at its time limit, {timeout:.0f} s (a known hang: the lock file of an interrupted "
+                         "JIT build, left in $TORCH_EXTENSIONS_DIR, makes the next build wait for ever)"}
+    (work / f"{case.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not result_file.exists():
+        last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        return {"error": f"exit {done.returncode}: {last[0][:200]} (log: {work / case.name}.log)"}
+    result = json.loads(result_file.read_text())
+    print(f"  done in {result['seconds']:.0f} s; attention: {result['attention']}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
