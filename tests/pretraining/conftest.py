@@ -41,3 +41,15 @@ def regrouped_set(tmp_path_factory, shared_data):
     assert len(shard_set.row_groups) == 27 and shard_set.total_rows == table.num_rows
     return shard_set
 
+
+@pytest.fixture(scope="session")
+def wiki_shards(tmp_path_factory, shared_data):
+    """A phase-1 shard set made by the real data job from the real Wikipedia sample: short articles make rows of
+    many lengths (every row of a book's set has 128 tokens), so batches of one row have different widths."""
+    from data_prep.run import run
+
+    dump = next((shared_data / "corpora" / "wikipedia").glob("enwiki-*.xml-*.bz2"))
+    out = tmp_path_factory.mktemp("wiki") / "phase1"
+    run([f"inputs=[{{path: '{dump}', format: wikipedia}}]", f"output_dir={out}", "preset=phase1", "num_shards=2",
+         "dupe_factor=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    return out
