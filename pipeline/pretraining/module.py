@@ -140,6 +140,15 @@ class BertPretrainingModule(pl.LightningModule):
             if norm is not None:
                 self.log("train/grad_norm", float(norm), on_step=True, on_epoch=False)
 
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        # Under DDP with gradient_as_bucket_view the gradients are views into DDP's all-reduce buckets. Set to None
+        # (torch's default), the next step's first micro-batches, which accumulate without syncing (no_sync), get
+        # freshly allocated gradients that the syncing one then copies into the buckets: a second copy of every
+        # gradient (1.3 GB for BERT-Large). Zeroed in place, they stay the bucket views.
+        model = getattr(self.trainer.strategy, "model", None)
+        bucket_views = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.gradient_as_bucket_view
+        optimizer.zero_grad(set_to_none=not bucket_views)
+
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.
         optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy))
