@@ -65,8 +65,7 @@ def main() -> int:
     devices = int(os.environ.get("SLURM_NTASKS_PER_NODE", "1"))
     num_nodes = int(os.environ.get("SLURM_NNODES", "1"))
     strategy = build_strategy(OmegaConf.load(args.strategy), precision="32", gradient_clip_val=None,
-                              micro_batch_size=8, accumulate_grad_batches=1, optimizer_cfg=None,
-                              accelerator=accelerator)
+                              micro_batch_size=8, accumulate_grad_batches=1, accelerator=accelerator)
     pl.seed_everything(0)
     x = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=8)

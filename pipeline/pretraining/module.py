@@ -12,10 +12,15 @@ With a held-out set (validation.path), at every validation, over all of its batc
     val/mlm_acc, val/nsp_acc, val/loss           accuracies; val/loss = val/mlm_loss + val/nsp_loss
 
 Exact resume: Lightning restores weights, optimizer, scheduler, loop counters and the DataModule's position; the
-module adds the torch (CPU and CUDA), numpy and Python RNG states, so dropout after a resume draws the same
-masks as an uninterrupted run. They are restored at the first training batch after the restore, not in
+module adds the torch (CPU and CUDA), numpy and Python RNG states of every rank, so dropout after a resume draws
+the same masks on every rank as an uninterrupted run. Ranks draw different amounts of randomness (each pads its
+batches to its own longest row), so each rank's states are gathered into the checkpoint, keyed by global rank,
+and each rank restores its own. They are restored at the first training batch after the restore, not in
 on_load_checkpoint: between the two, creating the DataLoader iterator draws a seed from torch's global RNG
-(torch.utils.data's _BaseDataLoaderIter), which an uninterrupted run drew before the checkpoint.
+(torch.utils.data's _BaseDataLoaderIter), which an uninterrupted run drew before the checkpoint. Dropout is seeded
+per rank (seed + global rank, at the start of the fit), so two ranks never draw the same masks.
+Resumed at another world size, no rank restores a state (the data layout differs too: the resume cannot be exact);
+each goes on from its seed + rank, with a warning.
 """
 from __future__ import annotations
 
@@ -25,12 +30,14 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from model import BertConfig, BertForPreTraining
 from pipeline.core.optim import build_optimizer, build_scheduler
 from pipeline.core.strategies import offloads_optimizer
 
-RNG_KEY = "rng_states"
+RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
+LEGACY_RNG_KEY = "rng_states"       # checkpoints written before states were kept per rank: rank 0's states only
 # Order of the per-window sums: [loss, mlm_loss, nsp_loss, micro_batches, mlm_correct, mlm_total, nsp_correct,
 # nsp_total]
 _LOSS_SLOTS = slice(0, 3)
@@ -38,11 +45,12 @@ _LOSS_SLOTS = slice(0, 3)
 
 class BertPretrainingModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
-                 max_steps: int, overfit_batches: int = 0):
+                 max_steps: int, overfit_batches: int = 0, seed: int = 0):
         """model_config: BertConfig fields; optimizer / scheduler: the `optimizer` and `scheduler` configs
         (pipeline/core/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
         overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
-        the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset)."""
+        the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset); seed: the run's
+        seed, which dropout on rank r draws from as seed + r."""
         super().__init__()
         self.save_hyperparameters()
         self.config = BertConfig(**model_config)
@@ -157,6 +165,15 @@ class BertPretrainingModule(pl.LightningModule):
         metrics["val/loss"] = metrics["val/mlm_loss"] + metrics["val/nsp_loss"]
         self.log_dict(metrics, on_step=False, on_epoch=True)   # reduced above: no sync_dist
 
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        # Under DDP with gradient_as_bucket_view the gradients are views into DDP's all-reduce buckets. Set to None
+        # (torch's default), the next step's first micro-batches, which accumulate without syncing (no_sync), get
+        # freshly allocated gradients that the syncing one then copies into the buckets: a second copy of every
+        # gradient (1.3 GB for BERT-Large). Zeroed in place, they stay the bucket views.
+        model = getattr(self.trainer.strategy, "model", None)
+        bucket_views = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.gradient_as_bucket_view
+        optimizer.zero_grad(set_to_none=not bucket_views)
+
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.
         optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy))
@@ -165,11 +182,15 @@ class BertPretrainingModule(pl.LightningModule):
 
     # -- exact resume -------------------------------------------------------------------------------------------
 
+    def on_fit_start(self) -> None:
+        seed_rng_states(int(self.hparams.seed) + self.global_rank)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[RNG_KEY] = capture_rng_states()
+        # Lightning builds the checkpoint on every rank (and only rank 0 writes it): a collective is safe here.
+        checkpoint[RNG_KEY] = gather_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._pending_rng = checkpoint.get(RNG_KEY)
+        self._pending_rng = rng_states_of_rank(checkpoint, self.global_rank, self.trainer.world_size)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self._pending_rng is not None:
@@ -177,10 +198,42 @@ class BertPretrainingModule(pl.LightningModule):
             self._pending_rng = None
 
 
+def seed_rng_states(seed: int) -> None:
+    """torch's (CPU and every CUDA device), numpy's and Python's global RNGs from one seed."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def gather_rng_states() -> dict[int, dict[str, Any]]:
+    """{global rank: its capture_rng_states()} of every rank; a collective when there are several."""
+    states = capture_rng_states()
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return {0: states}
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, states)
+    return dict(enumerate(gathered))
+
+
+def rng_states_of_rank(checkpoint: dict[str, Any], rank: int, world_size: int) -> dict[str, Any] | None:
+    """The RNG states `rank` resumes from, or None (it keeps its fresh seed + rank)."""
+    by_rank = checkpoint.get(RNG_KEY)
+    if by_rank is not None:
+        if len(by_rank) == world_size:
+            return by_rank[rank]
+        rank_zero_warn(f"the checkpoint holds the RNG states of {len(by_rank)} ranks and this run has {world_size}: "
+                       "each rank's dropout goes on from its seed + rank instead (with the data layout changed "
+                       "too, this resume is not exact)")
+        return None
+    legacy = checkpoint.get(LEGACY_RNG_KEY)
+    if legacy is not None and world_size > 1:
+        rank_zero_info("the checkpoint holds rank 0's RNG states only (written before they were kept per rank): "
+                       "every rank resumes from them, so the resume is exact on rank 0 only")
+    return legacy
+
+
 def capture_rng_states() -> dict[str, Any]:
-    """This process's RNG states. Only rank 0 writes the checkpoint, and every rank restores rank 0's states: right
-    because seed_everything gives every rank the same seed and every rank draws the same numbers (dropout of the
-    same shapes), so their streams are identical; CUDA's is the current device's, the one this rank draws from."""
+    """This process's RNG states; CUDA's is the current device's, the one this rank draws from."""
     kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     # Tensors and plain Python values only: Lightning loads checkpoints with torch.load(weights_only=True).
     numpy_state = {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),

@@ -159,6 +159,19 @@ def test_build_deepspeed(accelerator, strategy_class, monkeypatch):
     assert strategy.zero_stage_3
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", "cuda"])
+def test_a_deepspeed_strategy_that_cannot_be_built_stops_the_run_saying_why(accelerator, monkeypatch):
+    """Never a silent fall-back to `auto` (it once caught the ImportError): Lightning's own check of the DeepSpeed
+    install, made to fail as it does where the package is missing, reaches the caller with its message."""
+    import pytorch_lightning.strategies.deepspeed as lightning_deepspeed
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr(lightning_deepspeed, "_DEEPSPEED_AVAILABLE", False)
+    with pytest.raises(MisconfigurationException, match="you must have DeepSpeed installed"):
+        _build("deepspeed_stage_2", accelerator)
+
+
 # ---------------------------------------------------------------------------------------------- the CPU overrides
 
 def _cpu_strategy(n: int = 2) -> CPUDeepSpeedStrategy:

@@ -45,3 +45,56 @@ def run_training_process(overrides: list[str], kill_at_step: int = 0, timeout: f
     env = {**os.environ, "KILL_AT_STEP": str(kill_at_step), "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, *overrides],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# A pre-training run on 2 CPU processes (DDP over gloo; Lightning's launcher re-runs this script for rank 1), each
+# rank recording its own loss of every micro-batch (the float's exact bits), its batch's width and its RNG state at
+# the start of the fit to OUT/rank<R>.jsonl; each rank takes SIGKILL at the start of the first batch once KILL_AT
+# optimizer steps are done.
+TWO_RANK_SCRIPT = """
+import hashlib, json, os, signal, sys
+import torch
+torch.set_num_threads(1)
+import pytorch_lightning as pl
+from pipeline.core.app import compose
+from pipeline.pretraining.run import train
+
+out, kill_at = sys.argv[1], int(sys.argv[2])
+
+
+class RecordEachRank(pl.Callback):
+    def _write(self, trainer, record):
+        with open(os.path.join(out, f"rank{trainer.global_rank}.jsonl"), "a") as handle:
+            handle.write(json.dumps(record) + "\\n")
+
+    def on_train_start(self, trainer, pl_module):
+        state = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()
+        self._write(trainer, {"start_step": trainer.global_step, "rng": state})
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if kill_at and trainer.global_step >= kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.step = trainer.global_step         # the optimizer step this micro-batch belongs to
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # outputs["loss"]: this rank's loss of this micro-batch (divided by the accumulation, exactly: a power of 2)
+        self._write(trainer, {"step": self.step, "batch": batch_idx, "loss": float(outputs["loss"]).hex(),
+                              "width": int(batch["input_ids"].shape[1])})
+
+
+train(compose("train", sys.argv[3:]), extra_callbacks=[RecordEachRank()])
+"""
+
+
+def run_two_rank_training(script_dir: Path, out: Path, overrides: list[str], kill_at_step: int = 0,
+                          timeout: float = 900) -> subprocess.CompletedProcess:
+    """TWO_RANK_SCRIPT with `overrides` (add trainer.devices=2 and a strategy); records in `out`."""
+    script = script_dir / "two_rank_training.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    out.mkdir(parents=True, exist_ok=True)
+    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
+    env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, str(script), str(out), str(kill_at_step), *overrides], cwd=REPO_ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)

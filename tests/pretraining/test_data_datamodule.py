@@ -44,17 +44,21 @@ class BatchRecorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def fit(path, *, num_workers=0, reload=0, checkpoint_dir=None, ckpt_path=None, max_steps=STEPS):
+def fit(path, *, num_workers=0, reload=0, checkpoint_dir=None, ckpt_path=None, max_steps=STEPS, batch=BATCH,
+        shuffle_plan=None):
     """Fit to max_steps; with checkpoint_dir, write step=N.ckpt after every batch and end-epoch=E.ckpt in
-    on_train_epoch_end. Returns the recorded batches and the trainer."""
+    on_train_epoch_end; shuffle_plan: start with that plan (as an older version would). Returns the recorded
+    batches and the trainer."""
     callbacks = []
     if checkpoint_dir is not None:
         callbacks = [ModelCheckpoint(dirpath=checkpoint_dir, every_n_train_steps=1, save_top_k=-1, filename="{step}"),
                      ModelCheckpoint(dirpath=checkpoint_dir, every_n_epochs=1, save_on_train_epoch_end=True,
                                      save_top_k=-1, filename="end-{epoch}")]
     model = BatchRecorder()
-    datamodule = PretrainingDataModule(str(path), max_seq_length=128, vocab_size=30522, micro_batch_size=BATCH,
+    datamodule = PretrainingDataModule(str(path), max_seq_length=128, vocab_size=30522, micro_batch_size=batch,
                                        num_workers=num_workers)
+    if shuffle_plan is not None:
+        datamodule.shuffle_plan = shuffle_plan
     with quiet_lightning():
         trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks, enable_checkpointing=bool(callbacks),
                              reload_dataloaders_every_n_epochs=reload, logger=False, enable_progress_bar=False,
@@ -91,10 +95,34 @@ def test_the_checkpoint_records_the_epoch_and_the_batches_consumed_in_it(static_
     fit(static_set, checkpoint_dir=tmp_path, max_steps=8)
     states = {name: torch.load(tmp_path / f"{name}.ckpt", weights_only=False)["PretrainingDataModule"]
               for name in ("step=3", "step=6", "step=8")}
-    layout = {"batches_per_epoch": 6, "world_size": 1, "num_workers": 0, "micro_batch_size": BATCH, "seed": 0}
+    layout = {"batches_per_epoch": 6, "world_size": 1, "num_workers": 0, "micro_batch_size": BATCH, "seed": 0,
+              "shuffle_plan": 2}
     assert states["step=3"] == {"epoch": 0, "batches_consumed": 3, **layout}
     assert states["step=6"] == {"epoch": 1, "batches_consumed": 0, **layout}
     assert states["step=8"] == {"epoch": 1, "batches_consumed": 2, **layout}
+
+
+def test_a_checkpoint_of_the_unversioned_plan_resumes_with_it_and_an_unknown_plan_is_refused(regrouped_set, tmp_path):
+    # 27 row groups of 64 rows, batch 64: 25 batches an epoch, one share of 25 whole row groups, in shuffle buffers
+    # [8, 8, 8, 1] (plan 1, the code before plans had versions) or [7, 6, 6, 6] (plan 2).
+    path, old_dir, new_dir = regrouped_set.path, tmp_path / "old", tmp_path / "new"
+    old, _ = fit(path, batch=64, max_steps=25, checkpoint_dir=old_dir, shuffle_plan=1)
+    new, _ = fit(path, batch=64, max_steps=25, checkpoint_dir=new_dir)
+    old_stream, new_stream = [f for _, _, f in old], [f for _, _, f in new]
+    assert old_stream[20:] != new_stream[20:]            # the plans order the epoch differently
+    # What the older version wrote: the same data state without the plan's key.
+    written = torch.load(old_dir / "step=20.ckpt", weights_only=False)
+    assert written["PretrainingDataModule"].pop("shuffle_plan") == 1
+    torch.save(written, tmp_path / "unversioned.ckpt")
+    resumed, _ = fit(path, batch=64, max_steps=25, ckpt_path=tmp_path / "unversioned.ckpt")
+    assert [f for _, _, f in resumed] == old_stream[20:]
+    resumed, _ = fit(path, batch=64, max_steps=25, ckpt_path=new_dir / "step=20.ckpt")
+    assert [f for _, _, f in resumed] == new_stream[20:]
+
+    written["PretrainingDataModule"]["shuffle_plan"] = 7
+    torch.save(written, tmp_path / "future.ckpt")
+    with pytest.raises(ValueError, match="shuffle plan 7, which this version does not know"):
+        fit(path, batch=64, max_steps=25, ckpt_path=tmp_path / "future.ckpt")
 
 
 def test_a_set_that_does_not_fit_fails_in_setup_before_any_step(static_set):

@@ -1,11 +1,5 @@
 """The training stream: disjoint shares per rank and worker, per-epoch shuffles, exact resume, worker transfer."""
-import hashlib
-import json
-import shutil
-
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -14,40 +8,11 @@ from pipeline.pretraining.data import epoch_plan
 from pipeline.pretraining.data.dataset import PretrainingDataset
 from pipeline.pretraining.data.loader import PretrainingDataLoader
 from pipeline.pretraining.data.rows import RowGroupReader
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
-from pipeline.pretraining.data.shard_set import ShardSet
 
 BATCH = 16
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="session")
-def regrouped_set(tmp_path_factory, shared_data):
-    """The real static set (one shard, one row group) rewritten as 3 shard files of 64-row groups, so that
-    shares start and end inside row groups and resuming can skip whole groups and buffers."""
-    books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    source = cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
-    target = tmp_path_factory.mktemp("regrouped")
-    for name in ("vocab.txt", "tokenizer.json"):
-        shutil.copy(source / name, target / name)
-    manifest = json.loads((source / "manifest.json").read_text())
-    table = pa.concat_tables(pq.read_table(source / s["parquet"]["path"]) for s in manifest["shards"])
-    bounds = np.linspace(0, table.num_rows, 4).astype(int)
-    manifest["shards"] = []
-    for index in range(3):
-        name = f"shard-{index:05d}-of-00003.parquet"
-        pq.write_table(table.slice(bounds[index], bounds[index + 1] - bounds[index]), target / name,
-                       row_group_size=64)
-        data = (target / name).read_bytes()
-        manifest["shards"].append({"index": index, "rows": int(bounds[index + 1] - bounds[index]), "documents": 0,
-                                   "parquet": {"path": name, "bytes": len(data),
-                                               "sha256": hashlib.sha256(data).hexdigest()}})
-    (target / "manifest.json").write_text(json.dumps(manifest))
-    shard_set = ShardSet.open(target, max_seq_length=128, vocab_size=30522)
-    assert len(shard_set.row_groups) == 27 and shard_set.total_rows == table.num_rows
-    return shard_set
 
 
 def dataset(shard_set, **kwargs):

@@ -4,10 +4,12 @@ from __future__ import annotations
 import csv
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
 from pipeline.core.weights import load_pretraining_weights
+from pipeline.pretraining.module import RNG_KEY
 from pipeline.pretraining.run import train
 
 METRICS = ("train/loss", "train/mlm_loss", "train/nsp_loss", "train/mlm_acc", "train/nsp_acc", "train/lr",
@@ -36,7 +38,7 @@ def test_checkpoints_periodic_and_last(short_run):
     assert result["last_checkpoint"] == str(out / "checkpoints" / "last.ckpt")
     checkpoint = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 10
-    assert {"torch", "numpy", "python"} <= set(checkpoint["rng_states"])
+    assert {"torch", "numpy", "python"} <= set(checkpoint[RNG_KEY][0])   # rank 0's (the only rank) RNG states
     assert "PretrainingDataModule" in checkpoint   # the data position, for an exact resume
 
 
@@ -102,6 +104,32 @@ def test_weights_load_from_checkpoint_and_export_alike(short_run):
     load_pretraining_weights(from_hf, out / "hf_export")
     for (name, a), b in zip(from_ckpt.state_dict().items(), from_hf.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_phase_2_starts_from_a_hugging_face_directory_holding_only_pytorch_model_bin(short_run, small_shards,
+                                                                                      tmp_path, tiny_overrides):
+    """A downloaded BERT often comes as config.json + pytorch_model.bin (no safetensors): init_from_checkpoint takes
+    it for what it is (it was once taken for a DeepSpeed checkpoint directory) and starts from its weights."""
+    from safetensors.torch import load_file
+
+    _, out = short_run
+    pickled = tmp_path / "bert_bin"     # what transformers' save_pretrained wrote before safetensors
+    pickled.mkdir()
+    (pickled / "config.json").write_text((out / "hf_export" / "config.json").read_text())
+    torch.save(load_file(out / "hf_export" / "model.safetensors"), pickled / "pytorch_model.bin")
+
+    class WeightsAtStart(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.state = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+
+    start = WeightsAtStart()
+    train(compose("train", tiny_overrides(small_shards, tmp_path / "phase2", 1, f"init_from_checkpoint={pickled}",
+                                          "scheduler.warmup_steps=0", "export.hf=false", "export.plot=false")),
+          extra_callbacks=[start])
+    trained = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert start.state.keys() == {k.removeprefix("model.") for k in trained}
+    for name, tensor in start.state.items():
+        assert torch.equal(tensor, trained[f"model.{name}"]), name
 
 
 @pytest.mark.slow

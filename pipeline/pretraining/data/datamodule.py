@@ -12,9 +12,13 @@
 - val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
   share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
   training loader use: a run with validation trains, and resumes, exactly as one without.
+- The layout includes the shuffle plan (epoch_plan.py): a resumed run keeps its checkpoint's plan for the rest of
+  the run, so it goes on exactly as it would have; a checkpoint without one was written before plans had
+  versions and resumes with plan 1; one of a plan this version does not know is refused, saying so.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import Any
 
@@ -27,9 +31,12 @@ try:
 except ImportError:  # only the unified `lightning` package is installed
     import lightning.pytorch as pl
 
+from pipeline.pretraining.data import epoch_plan
 from pipeline.pretraining.data.dataset import PretrainingDataset
 from pipeline.pretraining.data.loader import PretrainingDataLoader, pin_memory_default
 from pipeline.pretraining.data.shard_set import ShardSet
+
+log = logging.getLogger(__name__)
 
 # Lightning warns that an IterableDataset's __len__ "could be inaccurate" with several workers unless each is
 # configured to read different data. PretrainingDataset's workers are (epoch_plan.py), and its len() is exact.
@@ -50,6 +57,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         self.pad_to_multiple_of = pad_to_multiple_of
         self.shard_set: ShardSet | None = None
         self.val_shard_set: ShardSet | None = None
+        self.shuffle_plan = epoch_plan.SHUFFLE_PLAN    # a resumed run's: its checkpoint's (load_state_dict)
         self.epoch = 0                      # without a trainer: the epoch set_epoch() gave
         self._batches_per_epoch: int | None = None
         self._loaded_state: dict[str, Any] | None = None
@@ -68,7 +76,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         rank, world_size = self._rank_and_world_size()
         dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=self.num_workers, seed=self.seed,
-                                     pad_to_multiple_of=self.pad_to_multiple_of)
+                                     pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan)
         self._batches_per_epoch = len(dataset)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
@@ -98,6 +106,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         """Checks the layout: the position itself comes back with Lightning's restored batch count."""
         if not state_dict:
             return
+        self.shuffle_plan = _shuffle_plan_of(state_dict)
+        state_dict = {**state_dict, "shuffle_plan": self.shuffle_plan}
         changed = {key: (state_dict.get(key), value) for key, value in self._layout().items()
                    if state_dict.get(key) != value}
         if changed and state_dict["batches_consumed"]:
@@ -122,7 +132,7 @@ class PretrainingDataModule(pl.LightningDataModule):
 
     def _layout(self) -> dict[str, Any]:
         return {"world_size": self._rank_and_world_size()[1], "num_workers": self.num_workers,
-                "micro_batch_size": self.micro_batch_size, "seed": self.seed}
+                "micro_batch_size": self.micro_batch_size, "seed": self.seed, "shuffle_plan": self.shuffle_plan}
 
     def _batches_processed(self) -> int | None:
         """Training batches this rank has processed in the whole fit, restored from the checkpoint on resume."""
@@ -150,3 +160,16 @@ class PretrainingDataModule(pl.LightningDataModule):
                     warnings.warn(f"the checkpoint's data position ({expected} batches) differs from Lightning's "
                                   f"restored batch count ({position}); following Lightning's", stacklevel=2)
         return divmod(position, self._batches_per_epoch)
+
+
+def _shuffle_plan_of(state: dict[str, Any]) -> int:
+    """The shuffle plan a checkpoint's position was counted in (epoch_plan.SHUFFLE_PLANS)."""
+    plan = state.get("shuffle_plan", epoch_plan.LEGACY_SHUFFLE_PLAN)
+    if plan not in epoch_plan.SHUFFLE_PLANS:
+        raise ValueError(f"the checkpoint's data position was counted in shuffle plan {plan!r}, which this version "
+                         f"does not know (it knows {epoch_plan.SHUFFLE_PLANS}): resume it with the version of the "
+                         "pipeline that wrote it")
+    if plan != epoch_plan.SHUFFLE_PLAN:
+        log.info("resuming with the checkpoint's shuffle plan %d (new runs use %d): the run goes on as it began",
+                 plan, epoch_plan.SHUFFLE_PLAN)
+    return plan

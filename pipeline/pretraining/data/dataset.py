@@ -11,7 +11,7 @@ Resuming: set_epoch(epoch, batches_to_skip=k) makes the next iteration deliver, 
 exactly the batches an uninterrupted epoch would have delivered after its first k (worker processes take
 rotated roles for that; see epoch_plan.py). Whole shuffle buffers before the resume point are skipped by
 counting rows, never read. Exact only with the same world_size,
-num_workers and batch_size as the interrupted run (and the DataLoader's default in_order=True).
+num_workers, batch_size and shuffle_plan as the interrupted run (and the DataLoader's default in_order=True).
 
 len() is the full epoch's batch count for this rank, also when resuming (Lightning counts the skipped
 batches as already done).
@@ -38,18 +38,21 @@ class PretrainingDataset(IterableDataset):
     def __init__(self, shard_set: ShardSet, batch_size: int, *, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, seed: int = 0, epoch: int = 0, batches_to_skip: int = 0,
                  shuffle_buffer_row_groups: int = DEFAULT_BUFFER_ROW_GROUPS, pad_to_multiple_of: int = 8,
-                 return_row_index: bool = False):
+                 return_row_index: bool = False, shuffle_plan: int = epoch_plan.SHUFFLE_PLAN):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or num_workers < 0:
             raise ValueError(f"need batch_size >= 1, 0 <= rank < world_size, num_workers >= 0; got batch_size="
                              f"{batch_size}, rank={rank}, world_size={world_size}, num_workers={num_workers}")
         if shuffle_buffer_row_groups < 1:
             raise ValueError(f"shuffle_buffer_row_groups must be >= 1, got {shuffle_buffer_row_groups}")
+        if shuffle_plan not in epoch_plan.SHUFFLE_PLANS:
+            raise ValueError(f"unknown shuffle plan {shuffle_plan!r}; this version knows {epoch_plan.SHUFFLE_PLANS}")
         self.shard_set = shard_set
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
         self.num_workers = num_workers          # must equal the DataLoader's: the plan is made for it
         self.seed = seed
         self.shuffle_buffer_row_groups = shuffle_buffer_row_groups
+        self.shuffle_plan = shuffle_plan        # how shares are cut into buffers (epoch_plan.py)
         # Yield PackedBatch (one block of bytes per batch: much cheaper to send) instead of a dict. Turned on
         # in the worker processes of a PretrainingDataLoader, which unpacks; a plain DataLoader gets dicts.
         self.pack_batches = False
@@ -115,7 +118,7 @@ class PretrainingDataset(IterableDataset):
               skip_rows: int) -> Iterator[Rows]:
         """The consumer's shuffled stream from row `skip_rows` on, in masked runs of up to RUN_BATCHES batches."""
         run_rows = RUN_BATCHES * self.batch_size
-        for index, buffer in enumerate(epoch_plan.buffers(pieces, self.shuffle_buffer_row_groups)):
+        for index, buffer in enumerate(epoch_plan.buffers(pieces, self.shuffle_buffer_row_groups, self.shuffle_plan)):
             buffer_rows = sum(piece.rows for piece in buffer)
             if skip_rows >= buffer_rows:    # consumed before the resume point: not even read
                 skip_rows -= buffer_rows

@@ -11,6 +11,11 @@ Every process computes the same plan from (seed, epoch) and the row group sizes,
 - A share is read in *buffers* of a few row groups (pieces of groups where a share starts or ends mid-group);
   each buffer's rows are permuted (seeded by seed, epoch, consumer and buffer), and consecutive batch_size rows
   of the permuted stream form the batches.
+- How a share is cut into buffers is the *shuffle plan*, versioned (SHUFFLE_PLANS) because a checkpoint's
+  position means "batch k of this plan": every checkpoint records its plan, and a resumed run keeps it.
+    1  buffers of groups_per_buffer pieces, then what is left: a share of 8k + 1 pieces ended in a buffer of
+       ONE row group, i.e. one shard's rows, for its last ~8,192 rows (the loss jumped there).
+    2  the same number of buffers, of near-equal sizes (they differ by at most one piece): never such a tail.
 """
 from __future__ import annotations
 
@@ -59,8 +64,21 @@ def consumer_pieces(group_rows: np.ndarray, order: np.ndarray, consumer: int, sh
     return pieces
 
 
-def buffers(pieces: list[Piece], groups_per_buffer: int) -> list[list[Piece]]:
-    return [pieces[i:i + groups_per_buffer] for i in range(0, len(pieces), groups_per_buffer)]
+SHUFFLE_PLANS = (1, 2)
+SHUFFLE_PLAN = 2                 # the plan of new runs
+LEGACY_SHUFFLE_PLAN = 1          # the plan of checkpoints that record none (written before plans had versions)
+
+
+def buffers(pieces: list[Piece], groups_per_buffer: int, plan: int = SHUFFLE_PLAN) -> list[list[Piece]]:
+    """The share's pieces cut into consecutive buffers of at most groups_per_buffer pieces, as `plan` says."""
+    if plan == 1:
+        return [pieces[i:i + groups_per_buffer] for i in range(0, len(pieces), groups_per_buffer)]
+    if plan == 2:
+        count = -(-len(pieces) // groups_per_buffer)     # as many buffers as plan 1: the same memory bound
+        base, extra = divmod(len(pieces), max(count, 1))
+        bounds = np.cumsum([0] + [base + 1] * extra + [base] * (count - extra))
+        return [pieces[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    raise ValueError(f"unknown shuffle plan {plan!r}; this version knows {SHUFFLE_PLANS}")
 
 
 def buffer_permutation(rows: int, seed: int, epoch: int, consumer: int, buffer_index: int) -> np.ndarray:
