@@ -33,7 +33,7 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from model import BertConfig, BertForPreTraining
-from pipeline.core.optim import build_optimizer, build_scheduler
+from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
 from pipeline.core.strategies import offloads_optimizer
 
 RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
@@ -176,7 +176,8 @@ class BertPretrainingModule(pl.LightningModule):
 
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.
-        optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy))
+        optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy),
+                                    lightning_clips_amp=clips_under_mixed_precision(self.trainer))
         scheduler = build_scheduler(optimizer, self.hparams.scheduler, self.hparams.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 

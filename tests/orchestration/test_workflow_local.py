@@ -24,8 +24,13 @@ def _tree(directory: Path) -> dict[str, tuple[int, int]]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def _run_records(stage_dir: Path) -> list[Path]:
+    """workflow_stage.json of each run directory of a stage (not through `current`, the link to the newest)."""
+    return [r for r in stage_dir.glob("*/workflow_stage.json") if not r.parent.is_symlink()]
+
+
 def _attempts(root: Path) -> dict[str, int]:
-    return {stage: sum(len(json.loads(r.read_text())["attempts"]) for r in (root / stage).glob("*/workflow_stage.json"))
+    return {stage: sum(len(json.loads(r.read_text())["attempts"]) for r in _run_records(root / stage))
             for stage in STAGES}
 
 
@@ -138,7 +143,7 @@ def test_a_second_launch_is_refused_ctrl_c_stops_everything_and_the_relaunch_res
     assert first.returncode != 0, log.read_text()
     status = wf.status(*up_to_phase1)
     assert status["pretrain_phase1"].startswith("failed"), status
-    (run_dir,) = list((root / "pretrain_phase1").glob("*/workflow_stage.json"))
+    (run_dir,) = _run_records(root / "pretrain_phase1")
     run_dir = run_dir.parent
     (wandb_run, group), = _wandb_runs(run_dir)
     assert group == "tiny"
