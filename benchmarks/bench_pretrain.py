@@ -175,13 +175,13 @@ def build_sides(cfg, steps: int, seed: int, lr_error: float) -> tuple[list[Side]
     their initial MLM logits (transformers vs ours) on a probe batch."""
     from omegaconf import OmegaConf
 
-    from model import BertConfig, BertForPreTraining
+    from model import BertForPreTraining
     from model.hf_conversion import hf_config_from, to_hf_state_dict
     from pipeline.core.optim import build_optimizer, build_scheduler
+    from pipeline.pretraining.checks import model_config_of
     import transformers
 
-    fields = OmegaConf.to_container(cfg.model, resolve=True)
-    config = BertConfig.from_preset(fields.pop("name"), **fields)
+    config = model_config_of(cfg)
     optimizer_cfg = OmegaConf.to_container(cfg.optimizer, resolve=True)
     scheduler_cfg = OmegaConf.to_container(cfg.scheduler, resolve=True)
     if str(cfg.trainer.precision) != "32-true" or cfg.trainer.gradient_clip_algorithm != "norm":
