@@ -28,7 +28,7 @@ def test_finetuning_in_bf16_mixed_with_clipping_trains(tiny_bert_dir, tmp_path):
 
 
 def test_pretraining_in_bf16_mixed_with_clipping_trains(small_shards, tiny_overrides, tmp_path):
-    result = train(compose("train", [*tiny_overrides(small_shards, tmp_path / "run", 2), "trainer.precision=bf16-mixed"]))
+    result = train(compose("train", [*tiny_overrides(small_shards, tmp_path / "run", 4), "trainer.precision=bf16-mixed"]))
     assert (Path(result["output_dir"]) / "checkpoints" / "last.ckpt").is_file()
 
 
