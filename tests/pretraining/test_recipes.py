@@ -50,9 +50,16 @@ def test_online_logging_without_a_key_is_refused(monkeypatch):
         preflight(compose("train", ["+experiment=bert_base"]), world_size=8)
 
 
-def dry_run(*overrides: str, timeout: int = 3600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "pipeline/train.py", "+debug=dryrun", "trainer=cpu", "logger=csv",
-               "trainer.enable_progress_bar=false", *overrides]
+def test_the_dry_run_after_an_experiment_takes_its_own_batch_and_steps():
+    """Hydra applies appended configs in command-line order: +debug=dryrun goes after +experiment=... (as in the
+    README), or the recipe's batch of 65,536 in passes of 64 comes back (1,024 passes a step; killed for memory)."""
+    cfg = compose("train", ["+experiment=bert_large", "+debug=dryrun"])
+    assert (cfg.data.global_batch_size, cfg.data.micro_batch_size, cfg.trainer.max_steps) == (2, 1, 4)
+
+
+def dry_run(experiment: str, *overrides: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "pipeline/train.py", f"+experiment={experiment}", "+debug=dryrun", "trainer=cpu",
+               "logger=csv", "trainer.enable_progress_bar=false", *overrides]
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "2"})
 
@@ -76,11 +83,11 @@ def test_bert_large_dry_run_on_the_cpu_phase_1_then_phase_2(small_shards, phase2
     phase1, phase2 = tmp_path / "phase1", tmp_path / "phase2"
     # Phase 1 writes its last checkpoint only (4 GB with LAMB's states; the dry run's periodic ones add nothing here)
     # and no export: phase 2, which starts from that checkpoint, exports.
-    done = dry_run("+experiment=bert_large", f"data.path={small_shards}", f"hydra.run.dir={phase1}",
+    done = dry_run("bert_large", f"data.path={small_shards}", f"hydra.run.dir={phase1}",
                    "callbacks.checkpoint.every_n_train_steps=0", "export.hf=false", "export.plot=false")
     assert done.returncode == 0, done.stderr[-4000:]
     assert "step 4:" in done.stdout and (phase1 / "checkpoints" / "last.ckpt").is_file()
-    done = dry_run("+experiment=bert_large_phase2", f"data.path={phase2_shards}", f"hydra.run.dir={phase2}",
+    done = dry_run("bert_large_phase2", f"data.path={phase2_shards}", f"hydra.run.dir={phase2}",
                    f"init_from_checkpoint={phase1 / 'checkpoints' / 'last.ckpt'}", "callbacks.checkpoint.every_n_train_steps=0",
                    "callbacks.checkpoint.save_last=false", "export.plot=false")
     assert done.returncode == 0, done.stderr[-4000:]
