@@ -7,6 +7,9 @@ workflow of days depends on no login shell. `workflow.launcher=slurm` submits it
 2. Waits for this root's stage jobs that are still queued or running: an earlier controller of this root was
    killed, or this one was requeued. Snakemake cannot adopt them, and must not submit their stages again; once they
    end, their sentinels say which finished.
+   Snakemake's records of the sentinels those jobs wrote are then stale (absent, or an earlier try's parameters):
+   a sentinel of the stage's current identity has its record dropped, so Snakemake takes the stage as done
+   (--cleanup-metadata); one of another identity has its stage run again (--forcerun).
 3. Runs Snakemake in its own session, with the job's SLURM_* variables removed but SLURM_CONF kept
    (snakemake_cli.snakemake_env).
 4. Signals. SIGUSR1 (sbatch --signal=B:USR1@300, before the job's time limit): Snakemake is killed outright, so
@@ -35,6 +38,29 @@ def say(message: str) -> None:
     print(f"[{runs.now()}] {message}", flush=True)
 
 
+def adopt_sentinels(workflow, spec_path: Path, launch: dict, env: dict[str, str]) -> list[str]:
+    """Makes Snakemake's records agree with the sentinels, some of which stage jobs wrote while no Snakemake
+    watched (their controller killed or requeued). Without this, a finished stage whose record holds an earlier,
+    failed try's parameters runs again, and one finished under another config stands as done. Returns the stages
+    to run again."""
+    current, rerun = [], []
+    for name, stage in launch["stages"].items():
+        sentinel = runs.read_json(runs.sentinel_path(workflow.root, name))
+        if sentinel is None or stage["entry"] == "report":
+            continue
+        (current if sentinel.get("identity") == stage["identity"] else rerun).append(name)
+    for name in current:
+        # One file a call: Snakemake refuses the whole call when one file has no record (nothing to drop there).
+        done = subprocess.run([*base_args(workflow, spec_path), "--cleanup-metadata",
+                               str(runs.sentinel_path(workflow.root, name)), "--cores", "1", "--quiet"],
+                              env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if done.returncode != 0 and "metadata was not present" not in done.stdout + done.stderr:
+            raise WorkflowError(f"snakemake --cleanup-metadata failed for stage {name}:\n{done.stderr[-2000:]}")
+    if rerun:
+        say(f"finished under another config, run again: {', '.join(rerun)}")
+    return rerun
+
+
 def run_controller(spec_path: Path) -> int:
     launch = runs.read_json(spec_path)
     workflow = workflow_from_dict(launch["workflow"])
@@ -54,16 +80,17 @@ def run_controller(spec_path: Path) -> int:
         return 1
     env = snakemake_env()
     guard.release_stale_snakemake_lock(workflow, base_args(workflow, spec_path), env)
-    child = subprocess.Popen(run_args(workflow, spec_path, "slurm"), env=env, cwd=REPO_ROOT, start_new_session=True)
+    rerun = adopt_sentinels(workflow, spec_path, launch, env)
+    child = subprocess.Popen([*run_args(workflow, spec_path, "slurm"), *(["--forcerun", *rerun] if rerun else [])],
+                             env=env, cwd=REPO_ROOT, start_new_session=True)
     requeued: list[bool] = []
 
     def requeue(_signum, _frame):
+        # Only kill here: the main thread is inside child.wait(), holding Popen's wait lock, so waiting in the
+        # handler would deadlock. The requeue itself follows once that wait returns.
         say("time limit near: stopping Snakemake without cancelling its jobs, and requeueing the controller")
         requeued.append(True)
         os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-        lock.release()
-        subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
 
     def stop(signum, _frame):
         say(f"{signal.Signals(signum).name}: Snakemake cancels the running stage jobs and stops")
@@ -75,6 +102,8 @@ def run_controller(spec_path: Path) -> int:
     signal.signal(signal.SIGINT, stop)
     code = child.wait()
     if requeued:
+        lock.release()
+        subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
         return 0
     finish(workflow, spec_path, code, record)
     lock.release()

@@ -3,9 +3,11 @@
 count below is the accounting's (sacct).
 
 - A stage that fails is retried, then stops exactly its dependents; the others finish; the status says which failed
-  and where its log is; a re-launch finishes the rest.
-- The controller killed outright while a stage job runs (as a node failure would): a second launch meanwhile is
-  refused; a launch after it waits for that job instead of submitting its stage again, and finishes the workflow.
+  and where its log is; a re-launch finishes the rest, its controller requeueing itself on the way (the signal of
+  its time limit) without cancelling or resubmitting the stage job that runs meanwhile.
+- A second launch while the controller runs is refused. The controller killed outright while a stage job runs (as a
+  node failure would): a launch after it waits for that job instead of submitting its stage again, and finishes the
+  workflow.
   Phase 1 runs there as 2 ranks under srun (DDP over gloo), with the requeue contract.
 """
 from __future__ import annotations
@@ -75,7 +77,18 @@ def test_a_failed_stage_stops_its_dependents_and_a_relaunch_finishes_them(slurm_
 
     relaunched = wf.run(*SLURM_SETTINGS)
     assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
-    assert slurm_cluster.wait_for_job(_controller_id(relaunched.stdout), WAIT_S) == "COMPLETED", slurm_cluster.logs()
+    controller = _controller_id(relaunched.stdout)
+    # near its time limit (sbatch --signal=B:USR1@...) the controller requeues itself and leaves its stage job running
+    _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
+    stage_job = _running_job(slurm_cluster, "pretrain_phase1")
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", controller, check=True)
+    _wait_until(lambda: slurm_cluster.job_field(controller, "Restarts") == "1"
+                and slurm_cluster.job_field(controller, "JobState") == "PENDING", 300, "no requeue", slurm_cluster)
+    assert slurm_cluster.job_field(stage_job, "JobState") in ("RUNNING", "COMPLETING", "COMPLETED")
+    slurm_cluster.run("scontrol", "update", f"JobId={controller}", "StartTime=now", check=True)
+    assert slurm_cluster.wait_for_job(controller, WAIT_S) == "COMPLETED", slurm_cluster.logs()
+    log = (wf.root / "_workflow" / "logs" / f"controller-{controller}.log").read_text()
+    assert "requeueing the controller" in log and "restart 1" in log, log
     status = wf.status("workflow.launcher=slurm")
     assert all(status[s].startswith("done") for s in STAGES), status
     assert _stage_jobs(slurm_cluster, wf) == {"prep_phase1": 1, "prep_phase2": 1, "pretrain_phase1": 3,
@@ -87,26 +100,25 @@ def test_a_failed_stage_stops_its_dependents_and_a_relaunch_finishes_them(slurm_
 def test_a_killed_controller_is_relaunched_without_submitting_a_running_stage_again(slurm_cluster, tmp_path):
     wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
     two_ranks = ("workflow.stages.pretrain_phase1.resources.tasks_per_node=2",
-                 "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=40','scheduler.warmup_steps=2',"
+                 "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=160','scheduler.warmup_steps=2',"
                  "'data.global_batch_size=8','data.micro_batch_size=4','data.num_workers=0',"
-                 "'callbacks.checkpoint.every_n_train_steps=10','trainer.enable_progress_bar=false']")
+                 "'callbacks.checkpoint.every_n_train_steps=40','trainer.enable_progress_bar=false']")
     launched = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     controller = _controller_id(launched.stdout)
-
-    _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
-    stage_job = _running_job(slurm_cluster, "pretrain_phase1")
-    assert slurm_cluster.job_field(stage_job, "NumTasks") == "2"
-    assert slurm_cluster.job_field(stage_job, "Requeue") == "1"
-
+    # while the controller runs the data prep (here, not while phase 1 runs: phase 1 must still run when it is killed)
     refused = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert refused.returncode == 2 and f"already running: SLURM controller job {controller}" in refused.stderr, \
         refused.stdout + refused.stderr
 
+    _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
+    stage_job = _running_job(slurm_cluster, "pretrain_phase1")
     slurm_cluster.run("scancel", "--full", "--signal=KILL", controller, check=True)   # no chance to clean up
     _wait_until(lambda: slurm_cluster.job_field(controller, "JobState") not in ("RUNNING", "COMPLETING"), 300,
                 "the controller did not die", slurm_cluster)
     assert slurm_cluster.job_field(stage_job, "JobState") == "RUNNING"        # its stage goes on without it
+    assert slurm_cluster.job_field(stage_job, "NumTasks") == "2"
+    assert slurm_cluster.job_field(stage_job, "Requeue") == "1"
 
     relaunched = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
