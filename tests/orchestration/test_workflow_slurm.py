@@ -100,7 +100,7 @@ def test_a_failed_stage_stops_its_dependents_and_a_relaunch_finishes_them(slurm_
 def test_a_killed_controller_is_relaunched_without_submitting_a_running_stage_again(slurm_cluster, tmp_path):
     wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
     two_ranks = ("workflow.stages.pretrain_phase1.resources.tasks_per_node=2",
-                 "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=160','scheduler.warmup_steps=2',"
+                 "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=80','scheduler.warmup_steps=2',"
                  "'data.global_batch_size=8','data.micro_batch_size=4','data.num_workers=0',"
                  "'callbacks.checkpoint.every_n_train_steps=40','trainer.enable_progress_bar=false']")
     launched = wf.run(*SLURM_SETTINGS, *two_ranks)
@@ -113,19 +113,26 @@ def test_a_killed_controller_is_relaunched_without_submitting_a_running_stage_ag
 
     _wait_until(lambda: _running_job(slurm_cluster, "pretrain_phase1"), WAIT_S, "phase 1 never ran", slurm_cluster)
     stage_job = _running_job(slurm_cluster, "pretrain_phase1")
+    # Held (SIGSTOP to its ranks) until the relaunched controller has seen it: a stage that finished between the
+    # kill and the relaunch would take the other path (its sentinel adopted), as it did in CI at 160 steps in 41 s.
+    slurm_cluster.run("scontrol", "suspend", stage_job, check=True)
     slurm_cluster.run("scancel", "--full", "--signal=KILL", controller, check=True)   # no chance to clean up
     _wait_until(lambda: slurm_cluster.job_field(controller, "JobState") not in ("RUNNING", "COMPLETING"), 300,
                 "the controller did not die", slurm_cluster)
-    assert slurm_cluster.job_field(stage_job, "JobState") == "RUNNING"        # its stage goes on without it
+    assert slurm_cluster.job_field(stage_job, "JobState") == "SUSPENDED"      # its stage is still there without it
     assert slurm_cluster.job_field(stage_job, "NumTasks") == "2"
     assert slurm_cluster.job_field(stage_job, "Requeue") == "1"
 
     relaunched = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert relaunched.returncode == 0, relaunched.stdout + relaunched.stderr
     second = _controller_id(relaunched.stdout)
+    log = wf.root / "_workflow" / "logs" / f"controller-{second}.log"
+    waiting = f"waiting for job {stage_job} (stage pretrain_phase1, SUSPENDED)"
+    _wait_until(lambda: log.exists() and waiting in log.read_text(), WAIT_S,
+                "the relaunched controller did not wait for the stage job", slurm_cluster)
+    slurm_cluster.run("scontrol", "resume", stage_job, check=True)
     assert slurm_cluster.wait_for_job(second, WAIT_S) == "COMPLETED", slurm_cluster.logs()
-    log = (wf.root / "_workflow" / "logs" / f"controller-{second}.log").read_text()
-    assert f"waiting for job {stage_job} (stage pretrain_phase1" in log, log
+    assert slurm_cluster.job_field(stage_job, "JobState") == "COMPLETED"
     assert _stage_jobs(slurm_cluster, wf) == dict.fromkeys(STAGES, 1)        # no stage submitted twice
     status = wf.status("workflow.launcher=slurm", *two_ranks)
     assert all(status[s].startswith("done") for s in STAGES), status
