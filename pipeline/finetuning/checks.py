@@ -30,16 +30,11 @@ class FinetuneChecks:
                              "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
                              "bert-base-uncased)")
         self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
-        # trainer.max_epochs=0: evaluate (and predict with) the weights of init= as they are; no training data
-        self.evaluate_only = self.trainer_cfg.get("max_epochs") == 0
-        self.sources = _split_sources(cfg, self.task, with_train=not self.evaluate_only)
+        self.evaluate_only = evaluate_only(cfg)
         self.world_size = world_size(self.trainer_cfg)
+        self.sources = preflight(cfg, self.world_size)
         self.batch_size = int(cfg.data.batch_size)
-        if self.batch_size < 1 or self.batch_size % self.world_size:
-            raise ValueError(f"data.batch_size={self.batch_size} must be a positive multiple of devices x nodes = "
-                             f"{self.world_size} (it is the global batch)")
         self.micro_batch_size = self.batch_size // self.world_size
-        check_logger_config(cfg.logger)
 
         self.pretrained = load_pretrained(str(cfg.init), cfg.get("tokenizer"))
         overrides = {key: value for key, value in (OmegaConf.to_container(cfg.model, resolve=True) or {}).items()
@@ -50,6 +45,25 @@ class FinetuneChecks:
         if self.max_seq_length > self.model_config.max_position_embeddings:
             raise ValueError(f"data.max_seq_length={self.max_seq_length} exceeds the model's "
                              f"max_position_embeddings={self.model_config.max_position_embeddings}")
+
+
+def evaluate_only(cfg: DictConfig) -> bool:
+    """trainer.max_epochs=0: evaluate (and predict with) the weights of init= as they are; no training data."""
+    return cfg.trainer.get("max_epochs") == 0
+
+
+def preflight(cfg: DictConfig, world_size: int) -> dict[str, str]:
+    """What can be checked before the weights exist (the workflow runs it at a stage's declared world size before
+    anything is submitted): the task, the files of each split, the global batch over `world_size` processes, the
+    logger. Returns the split sources."""
+    task = get_task(str(cfg.task.name))
+    sources = _split_sources(cfg, task, with_train=not evaluate_only(cfg))
+    batch_size = int(cfg.data.batch_size)
+    if batch_size < 1 or batch_size % world_size:
+        raise ValueError(f"data.batch_size={batch_size} must be a positive multiple of devices x nodes = "
+                         f"{world_size} (it is the global batch)")
+    check_logger_config(cfg.logger)
+    return sources
 
 
 def _split_sources(cfg: DictConfig, task, with_train: bool = True) -> dict[str, str]:

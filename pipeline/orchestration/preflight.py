@@ -29,7 +29,8 @@ def check_stage(stage: Stage, cfg: Any, data_prep_args: tuple[str, ...] = ()) ->
             # without the workflow's ckpt_path=auto, which would stand in for a phase-2 init that is missing
             preflight(OmegaConf.merge(cfg, {"ckpt_path": None}), world_size=stage.resources.world_size)
         elif stage.entry == "finetune":
-            _check_finetune(cfg, stage.resources.world_size)
+            from pipeline.finetuning.checks import preflight
+            preflight(cfg, world_size=stage.resources.world_size)
     except (ValueError, FileNotFoundError) as error:
         shape = (f"{stage.resources.nodes} node(s) x {stage.resources.ranks_per_node} process(es)"
                  if stage.entry in ("train", "finetune") else "its settings")
@@ -49,17 +50,3 @@ def _check_data_prep(cfg: Any, beam_args: tuple[str, ...]) -> None:
     check_runner_choice(dask, [a for a in beam_args if a.startswith("-")])
     expand_inputs(config.inputs)
 
-
-def _check_finetune(cfg: Any, world_size: int) -> None:
-    from pipeline.core.loggers import check_logger_config
-    from pipeline.finetuning.checks import _split_sources
-    from pipeline.finetuning.tasks import get_task
-
-    task = get_task(str(cfg.task.name))
-    _split_sources(cfg, task)
-    batch_size = int(cfg.data.batch_size)
-    # as FinetuneChecks: data.batch_size is the global batch, split evenly over the processes
-    if batch_size < 1 or batch_size % world_size:
-        raise ValueError(f"data.batch_size={batch_size} must be a positive multiple of devices x nodes = "
-                         f"{world_size} (it is the global batch)")
-    check_logger_config(cfg.logger)

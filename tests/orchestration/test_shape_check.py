@@ -11,7 +11,7 @@ from pipeline.orchestration.spec import WorkflowError, available_workflows, load
 from pipeline.orchestration.stages import compose_stage, environment, stage_specs
 
 
-def _task_files(workflow) -> None:
+def _task_files(workflow, with_train: bool = True) -> None:
     """The files each downstream task reads, where its composed config looks for them (GLUE_DIR, SQUAD_DIR): the
     check is about the shape, and needs only that they exist."""
     for stage in workflow.stages:
@@ -22,7 +22,7 @@ def _task_files(workflow) -> None:
         task = get_task(str(cfg.task.name))
         directory = Path(cfg.data.dir)
         directory.mkdir(parents=True, exist_ok=True)
-        for split in ("train", *task.eval_splits):
+        for split in (*(("train",) if with_train else ()), *task.eval_splits):
             (directory / task.splits[split]).touch()
 
 
@@ -77,4 +77,23 @@ def test_wandb_online_without_a_key_is_refused(cluster_inputs, monkeypatch):
 def test_a_phase_two_without_its_phase_one_is_refused(cluster_inputs):
     workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, "~workflow.stages.pretrain_phase2.inputs.init"])
     with pytest.raises(WorkflowError, match="stage pretrain_phase2 .* init_from_checkpoint"):
+        stage_specs(workflow)
+
+
+
+def test_a_fine_tuning_batch_that_does_not_split_over_its_processes_is_refused(cluster_inputs):
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, "workflow.downstream.resources.gpus_per_node=3"])
+    _task_files(workflow)
+    with pytest.raises(WorkflowError, match=r"stage finetune_cola \(finetune\) refused at 1 node\(s\) x 3 process\(es\)"
+                                            r": data.batch_size=32 must be a positive multiple of .* 3"):
+        stage_specs(workflow)
+
+
+def test_an_evaluate_only_fine_tuning_stage_needs_no_training_file(cluster_inputs):
+    evaluate = "workflow.downstream.overrides=['trainer.accelerator=gpu','trainer.precision=bf16-mixed','trainer.max_epochs=0']"
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, evaluate])
+    _task_files(workflow, with_train=False)
+    stage_specs(workflow)
+    workflow = load_workflow(["+workflow=bert_base", *cluster_inputs])
+    with pytest.raises(WorkflowError, match="stage finetune_cola .* train data of task cola not found"):
         stage_specs(workflow)
