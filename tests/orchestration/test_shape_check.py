@@ -80,7 +80,6 @@ def test_a_phase_two_without_its_phase_one_is_refused(cluster_inputs):
         stage_specs(workflow)
 
 
-
 def test_a_fine_tuning_batch_that_does_not_split_over_its_processes_is_refused(cluster_inputs):
     workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, "workflow.downstream.resources.gpus_per_node=3"])
     _task_files(workflow)
@@ -90,7 +89,8 @@ def test_a_fine_tuning_batch_that_does_not_split_over_its_processes_is_refused(c
 
 
 def test_an_evaluate_only_fine_tuning_stage_needs_no_training_file(cluster_inputs):
-    evaluate = "workflow.downstream.overrides=['trainer.accelerator=gpu','trainer.precision=bf16-mixed','trainer.max_epochs=0']"
+    evaluate = ("workflow.downstream.overrides=['trainer.accelerator=gpu','trainer.precision=bf16-mixed',"
+                "'trainer.max_epochs=0']")
     workflow = load_workflow(["+workflow=bert_base", *cluster_inputs, evaluate])
     _task_files(workflow, with_train=False)
     stage_specs(workflow)

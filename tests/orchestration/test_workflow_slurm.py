@@ -106,7 +106,7 @@ def test_a_killed_controller_is_relaunched_without_submitting_a_running_stage_ag
     launched = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     controller = _controller_id(launched.stdout)
-    # while the controller runs the data prep (here, not while phase 1 runs: phase 1 must still run when it is killed)
+    # while the controller runs (the data prep, at this point)
     refused = wf.run(*SLURM_SETTINGS, *two_ranks)
     assert refused.returncode == 2 and f"already running: SLURM controller job {controller}" in refused.stderr, \
         refused.stdout + refused.stderr
