@@ -17,6 +17,7 @@ class SkipReason(str, enum.Enum):
     REDIRECT = "redirect"                        # a Wikipedia redirect page
     NON_ARTICLE_NAMESPACE = "non_article_namespace"  # a Wikipedia page outside namespace 0 (Talk:, User:, ...)
     EMPTY_DOCUMENT = "empty_document"            # nothing left after cleaning
+    DISAMBIGUATION = "disambiguation"            # a Wikipedia page that only lists other pages ("X may refer to:")
     NO_TOKENS = "no_tokens"                      # text that tokenizes to nothing (counted by the tokenizing step)
 
 

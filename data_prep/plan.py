@@ -5,6 +5,8 @@ message, before a single worker starts.
 """
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import functools
 import glob
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 # Raw text per compressed byte, to size shards before anything is decompressed (MediaWiki XML in bzip2).
 _COMPRESSED_TEXT_RATIO = 4.0
 _GLOB_CHARS = "*?["
+_SNIFF_THREADS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,22 +75,63 @@ class InputError(ValueError):
 
 
 def expand_inputs(specs: tuple[InputSpec, ...]) -> tuple[InputFile, ...]:
-    files: dict[str, InputFile] = {}
+    """Every input file, once, with its format and its stable name (see `source_names`)."""
+    matched_per_input: list[tuple[InputSpec, str, list]] = []
+    seen: set[str] = set()
     for spec in specs:
         pattern, base = _pattern_and_base(spec.path)
         matched = [m for m in _match(pattern) if not os.path.basename(m.path).startswith(".")]
         if not matched:
             raise InputError(f"input {spec.path!r} matched no files")
-        for metadata in sorted(matched, key=lambda m: m.path):
-            fmt = detect_format(metadata.path) if spec.format == "auto" else spec.format
-            source_name = os.path.relpath(metadata.path, base) if "://" not in metadata.path else metadata.path[len(base):].lstrip("/")
-            files.setdefault(metadata.path, InputFile(metadata.path, fmt, source_name, spec.text_column, metadata.size_in_bytes))
-    names = [f.source_name for f in files.values()]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise InputError(f"inputs from different places share the names {duplicates[:5]}: document identities "
-                         "would collide; give each input its own directory name")
-    return tuple(files.values())
+        fresh = [m for m in sorted(matched, key=lambda m: m.path) if m.path not in seen]
+        seen.update(m.path for m in fresh)
+        matched_per_input.append((spec, base, fresh))
+    names = source_names([(base, [m.path for m in fresh]) for _, base, fresh in matched_per_input])
+    auto = [m.path for spec, _, fresh in matched_per_input if spec.format == "auto" for m in fresh]
+    with concurrent.futures.ThreadPoolExecutor(_SNIFF_THREADS) as pool:   # reads a few KB of each: I/O bound
+        detected = dict(zip(auto, pool.map(detect_format, auto)))
+    return tuple(InputFile(m.path, detected.get(m.path, spec.format), names[m.path], spec.text_column,
+                           m.size_in_bytes)
+                 for spec, _, fresh in matched_per_input for m in fresh)
+
+
+def source_names(inputs: list[tuple[str, list[str]]]) -> dict[str, str]:
+    """Each file's stable name (its documents' identity): its path below its input's base directory, so moving
+    the corpus changes nothing. Where inputs hold files of the same relative name (two WikiExtractor runs, each
+    with AA/wiki_00), every file of those inputs is named below the last components of its base that tell the
+    bases apart (enwiki/AA/wiki_00, simplewiki/AA/wiki_00); inputs that share no name keep their plain names."""
+    relative = {path: _relative_name(path, base) for base, paths in inputs for path in paths}
+    owners: dict[str, set[int]] = {}
+    for index, (_, paths) in enumerate(inputs):
+        for path in paths:
+            owners.setdefault(relative[path], set()).add(index)
+    clashing = sorted({i for holders in owners.values() if len(holders) > 1 for i in holders})
+    labels = _distinguishing_labels([inputs[i][0] for i in clashing])
+    names = dict(relative)
+    for index, label in zip(clashing, labels):
+        for path in inputs[index][1]:
+            names[path] = f"{label}/{relative[path]}"
+    counts = collections.Counter(names.values())
+    duplicates = sorted(name for name, count in counts.items() if count > 1)
+    if duplicates:   # only where a qualified name meets a plain one of a third input
+        raise InputError(f"inputs from different places give files the same name {duplicates[:5]}: document "
+                         "identities would collide; pass the inputs from directories with distinct names")
+    return names
+
+
+def _relative_name(path: str, base: str) -> str:
+    return os.path.relpath(path, base) if "://" not in path else path[len(base):].lstrip("/")
+
+
+def _distinguishing_labels(bases: list[str]) -> list[str]:
+    """The fewest trailing components of each base that make all of them distinct ('/x/enwiki', '/y/enwiki' ->
+    'x/enwiki', 'y/enwiki')."""
+    parts = [[p for p in base.replace("://", "/").split("/") if p not in ("", ".")] for base in bases]
+    for depth in range(1, max((len(p) for p in parts), default=0) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return ["/".join(p) for p in parts]
 
 
 def _pattern_and_base(path: str) -> tuple[str, str]:

@@ -5,6 +5,8 @@ is yielded as a counted ``Skip`` (or a ``Repair`` record) and the reader goes on
 Document keys are ``f"{source_name}:{ordinal}"``, the ordinal counting the documents this file yields.
 Files are opened through Beam's ``FileSystems`` (gs:// on Dataflow) and decompressed here (bz2, gzip,
 recognised by their magic bytes); all formats but ``books`` (one book = one document) are streamed.
+A file's format is recognised by its content where the content says it (a MediaWiki export, WikiExtractor's
+``<doc>`` blocks, Parquet), else by its name.
 """
 from __future__ import annotations
 
@@ -12,17 +14,51 @@ from typing import Iterator
 
 from data_prep.documents import Document, Skip
 
-__all__ = ["FORMATS", "detect_format", "read_documents"]
+__all__ = ["FORMATS", "detect_format", "format_from_content", "format_from_name", "read_documents"]
 
-FORMATS = ("wikipedia", "books", "sentences", "jsonl", "parquet")
+FORMATS = ("wikipedia", "wikiextractor", "books", "sentences", "jsonl", "parquet")
 
 _COMPRESSION_SUFFIXES = (".bz2", ".gz")
+_SNIFF_BYTES = 4096
+_BOM = b"\xef\xbb\xbf"
 
 
 def detect_format(path: str) -> str:
+    """The format of the file at ``path``: by its content where that is conclusive, else by its name."""
+    return format_from_content(path) or format_from_name(path)
+
+
+def format_from_content(path: str) -> str | None:
+    """'wikipedia' for a MediaWiki XML export, 'wikiextractor' for ``<doc>`` blocks, 'parquet' for a Parquet
+    file, looked up in the first bytes (decompressed); None where they say nothing conclusive or the file
+    cannot be read (the reader then counts the problem)."""
+    from data_prep.readers._io import InputError, iter_bytes, open_file
+    from data_prep.readers.wikiextractor import DOC_OPEN
+
+    try:
+        with open_file(path) as handle:
+            if handle.read(4) == b"PAR1":
+                return "parquet"
+        head = b""
+        for chunk in iter_bytes(path, lag=0):
+            head += chunk
+            if len(head) >= _SNIFF_BYTES:
+                break
+    except InputError:
+        return None
+    text = head[:_SNIFF_BYTES].removeprefix(_BOM).lstrip()
+    first_line = text.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    if DOC_OPEN.match(first_line):
+        return "wikiextractor"
+    if text.startswith(b"<mediawiki") or (text.startswith(b"<?xml") and b"<mediawiki" in text):
+        return "wikipedia"
+    return None
+
+
+def format_from_name(path: str) -> str:
     """The format a file's name implies; ``sentences`` is never guessed (it looks like ``books``).
 
-    ``.xml`` (optionally ``.bz2``/``.gz``) and any other ``.bz2`` (dump shards are named
+    ``.xml`` (optionally ``.bz2``/``.gz``) and any other ``.bz2`` but ``.txt.bz2`` (dump shards are named
     ``...pages-articles1.xml-p10p30302.bz2``) -> wikipedia; ``.jsonl``/``.json``/``.ndjson`` (optionally
     compressed) -> jsonl; ``.parquet`` -> parquet; anything else (``.txt``) -> books.
     """
@@ -35,7 +71,7 @@ def detect_format(path: str) -> str:
         return "jsonl"
     if base.endswith(".parquet"):
         return "parquet"
-    if compression == ".bz2":
+    if compression == ".bz2" and not base.endswith(".txt"):
         return "wikipedia"
     return "books"
 
@@ -48,6 +84,10 @@ def read_documents(
         from data_prep.readers.wikipedia import read_wikipedia
 
         return read_wikipedia(path, source_name)
+    if fmt == "wikiextractor":
+        from data_prep.readers.wikiextractor import read_wikiextractor
+
+        return read_wikiextractor(path, source_name)
     if fmt == "books":
         from data_prep.readers.books import read_book
 

@@ -136,7 +136,7 @@ def _held_back(chunks: Iterable[bytes], lag: int) -> Iterator[bytes]:
         for chunk in chunks:
             held.append(chunk)
             size += len(chunk)
-            while size - len(held[0]) >= lag:
+            while held and size - len(held[0]) >= lag:
                 size -= len(held[0])
                 yield held.popleft()
     except _Truncated:

@@ -25,6 +25,7 @@ from mwparserfromhell.parser import ParserError
 
 from data_prep.documents import Document, Skip, SkipReason
 from data_prep.readers._io import COMPRESSED_LAG, InputError, iter_bytes
+from data_prep.readers.prose import has_text, is_prose_line, is_prose_list_item
 
 # --- wikitext to paragraphs ---------------------------------------------------------------------------------
 
@@ -62,20 +63,11 @@ _EMPTY_PARENTHESES = re.compile(r"(?<=\s)\([\s,;:]*\)")
 _LEFTOVER_LINK = re.compile(r"\[\[\s*:?\s*(?:file|image|media|category)\s*:", re.IGNORECASE)
 _LINK_BRACKETS = re.compile(r"\[\[|\]\]")
 _TABLE_LINE = re.compile(r"^(?:\{\||\|\}|\|-|\||!)")
-_SENTENCE_END = re.compile(r"[.!?…][\"'”’»)\]]*$")
 _REDIRECT_TEXT = re.compile(r"^\s*#\s*redirect\b", re.IGNORECASE)
 
-# Which lines survive (the "debris" rule).  After the markup is gone, a line is kept when it reads as prose:
-#  * a line with no letter or digit (a list marker, a stray bracket, "*", "|") is dropped;
-#  * a list/indent item (``*``, ``#``, ``;``, ``:``) is kept only if it is a sentence: >= 5 words and ending in
-#    . ! ? (lists in articles are mostly "See also" links, discographies, name lists: not sentence material);
-#  * any other line is kept if it has >= 4 words, or >= 2 words and ends like a sentence; shorter lines are
-#    the remains of captions, navigation and removed templates ("Notes", "1 2 3", "Main article:").
-# Kept lines that follow each other form one paragraph (a single newline does not break a paragraph in
-# wikitext); a blank or dropped line ends it, and each kept list item is a paragraph of its own.
-_LIST_MIN_WORDS = 5
-_LINE_MIN_WORDS = 4
-_SENTENCE_MIN_WORDS = 2
+# Which lines survive: data_prep.readers.prose (the "debris" rule). Kept lines that follow each other form one
+# paragraph (a single newline does not break a paragraph in wikitext); a blank or dropped line ends it, and each
+# kept list item is a paragraph of its own.
 
 
 def _render(code, out: list[str]) -> None:
@@ -132,10 +124,6 @@ def _render_tag(node: Tag, out: list[str]) -> None:
         _render(node.contents, out)
         if name in _LINE_BREAK_TAGS:
             out.append("\n")
-
-
-def _is_sentence_like(line: str, words: int, min_words: int) -> bool:
-    return words >= min_words and bool(_SENTENCE_END.search(line[-20:]))
 
 
 def _drop_leftover_links(line: str) -> str:
@@ -269,16 +257,16 @@ def clean_wikitext(wikitext: str) -> tuple[str, ...]:
             continue
         line = _drop_leftover_links(line)
         line = " ".join(line.replace("[[", "").replace("]]", "").split())
-        if not any(ch.isalnum() for ch in line):
+        if not has_text(line):
             end_paragraph()
             continue
         words = line.count(" ") + 1
         if is_list:
             end_paragraph()
-            if _is_sentence_like(line, words, _LIST_MIN_WORDS):
+            if is_prose_list_item(line, words):
                 paragraphs.append(line)
             continue
-        if words >= _LINE_MIN_WORDS or _is_sentence_like(line, words, _SENTENCE_MIN_WORDS):
+        if is_prose_line(line, words):
             current.append(line)
         else:
             end_paragraph()
