@@ -1,10 +1,12 @@
-"""The Beam graph: files -> documents -> token ids -> buckets -> shards -> manifest.
+"""The Beam graph: files -> documents -> token ids -> buckets (spilled to disk) -> shards -> manifest.
 
-    ListInputs -> SpreadFiles -> ReadAndTokenize -> KeepDocuments -> GroupIntoShards -> WriteShards --.
-                                       `-----------> KeepCounts -------------------------------------------+
-    WriteManifest <- CollectManifestParts <- JoinManifestParts <-------------------------------------------'
+    ListInputs -> SpreadFiles -> ReadAndTokenize -> KeepBlocks -> GroupIntoShards -> WriteShards --.
+                                       `-----------> KeepCounts ----------------------------------------+
+    WriteManifest <- CollectManifestParts <- JoinManifestParts <----------------------------------------'
 
-Each input file is one unit of parallel work; each shard (a random bucket of documents) is another.
+Each input file is one unit of parallel work; each shard (a random bucket of documents) is another. The tokenized
+documents never pass through the graph: each file's reader spills them to disk in blocks by bucket (data_prep.spill)
+and the graph groups the blocks' references, so no step holds more than one bucket, whatever the corpus size.
 
 The graph uses no multi-output ParDo and no side input, on purpose: Beam's Dask runner (2.77) handles neither.
 Its DaskBagVisitor keys the Dask bags by producing transform, so every output PCollection of a ParDo is the same
@@ -30,12 +32,13 @@ from data_prep.manifest import write_manifest
 from data_prep.plan import InputFile, JobPlan
 from data_prep.readers import read_documents
 from data_prep.seeding import stable_seed
-from data_prep.shard_files import decode_document, encode_document, shard_settings, write_shard
+from data_prep.shard_files import shard_settings, write_shard
+from data_prep.spill import SpillWriter, read_blocks, spill_path
 from data_prep.tokenization import WordPieceEncoder, tokenize_document
 
 log = logging.getLogger(__name__)
 # What an element of ReadAndTokenize's output or of the manifest's input is: (kind, payload).
-DOCUMENT = "document"   # (shard index, encoded document)
+BLOCK = "block"         # (shard index, BlockRef): one input file's documents of that shard, on disk
 COUNT = "count"         # (counter name, value) for one input file
 SHARD = "shard"         # a written shard's manifest entry
 _REPAIRS = {repair.value for repair in Repair}
@@ -46,8 +49,8 @@ def counter_name(skip: Skip) -> str:
 
 
 class ReadAndTokenize(beam.DoFn):
-    """One input file -> (DOCUMENT, (shard index, encoded tokenized document)) elements, then
-    (COUNT, (name, value)) elements saying what happened in the file."""
+    """One input file -> its tokenized documents spilled to disk, (BLOCK, (shard index, BlockRef)) elements
+    saying where each shard's part lies, then (COUNT, (name, value)) elements saying what happened in the file."""
 
     def __init__(self, plan: JobPlan):
         self.plan = plan
@@ -62,6 +65,7 @@ class ReadAndTokenize(beam.DoFn):
     def process(self, input_file: InputFile):
         started = time.perf_counter()
         counts: collections.Counter = collections.Counter(files=1)
+        spill = SpillWriter(spill_path(self.plan.config.output_dir, input_file.path), self.token_dtype)
         for item in read_documents(input_file.path, input_file.format, input_file.source_name,
                                    text_column=input_file.text_column):
             if isinstance(item, Skip):
@@ -75,7 +79,9 @@ class ReadAndTokenize(beam.DoFn):
             counts["sentences"] += len(document.sentence_ends)
             counts["input_tokens"] += len(document.token_ids)
             shard = stable_seed(self.plan.config.seed, "shard", document.key) % self.plan.num_shards
-            yield DOCUMENT, (shard, encode_document(document, self.token_dtype))
+            spill.add(shard, document)
+        for shard, block in spill.close():
+            yield BLOCK, (shard, block)
         for name, value in counts.items():
             Metrics.counter("data_prep", name).inc(value)
             yield COUNT, (name, value)
@@ -92,9 +98,9 @@ class WriteShards(beam.DoFn):
         self.settings = shard_settings(self.plan, self.plan.vocab_tokens())
 
     def process(self, element):
-        index, encoded = element
+        index, blocks = element
         started = time.perf_counter()
-        documents = [decode_document(e, self.settings.token_dtype) for e in encoded]
+        documents = list(read_blocks(list(blocks), self.settings.token_dtype))
         summary = write_shard(documents, index, self.plan, self.settings)
         Metrics.counter("data_prep", "instances").inc(summary["rows"])
         Metrics.counter("data_prep", "shards").inc()
@@ -132,7 +138,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: JobPlan) -> None:
     )
     shards = (
         read
-        | "KeepDocuments" >> beam.FlatMap(payloads_of_kind, DOCUMENT)
+        | "KeepBlocks" >> beam.FlatMap(payloads_of_kind, BLOCK)
         | "GroupIntoShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShards(plan))
     )

@@ -38,6 +38,7 @@ from data_prep.manifest import read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan  # noqa: E402
 from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, register_repo_root_resolver, split_preset  # noqa: E402
+from data_prep.spill import remove_spill  # noqa: E402
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
 log = logging.getLogger("data_prep")
@@ -89,6 +90,7 @@ def prepare_output(plan: JobPlan, tokens: list[str]) -> None:
     if old:
         log.info("removing %d files of a previous run in %s", len(old), out)
         FileSystems.delete(old)
+    remove_spill(out)   # a failed run's tokenized documents
     with FileSystems.create(FileSystems.join(out, VOCAB_NAME)) as handle:
         handle.write(vocab_text(tokens).encode("utf-8"))
     with FileSystems.create(FileSystems.join(out, TOKENIZER_NAME)) as handle:
@@ -122,11 +124,14 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
     prepare_output(plan, tokens)
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, plan)
-    result = pipeline.run()
     try:
-        result.wait_until_finish()
+        result = pipeline.run()
+        try:
+            result.wait_until_finish()
+        finally:
+            release_runner_client(result)
     finally:
-        release_runner_client(result)
+        remove_spill(plan.config.output_dir)   # the tokenized documents: the shards hold what was made of them
     manifest = read_manifest(plan.config.output_dir)
     manifest["wall_seconds"] = time.perf_counter() - started
     manifest["beam_counters"] = beam_counters(result)

@@ -9,7 +9,6 @@ import dataclasses
 import hashlib
 from typing import Sequence
 
-import numpy as np
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
@@ -118,15 +117,3 @@ def write_shard(documents: Sequence[TokenizedDocument], index: int, plan: JobPla
         "files": files,
         "stats": dataclasses.asdict(stats),
     }
-
-
-def encode_document(document: TokenizedDocument, token_dtype: np.dtype) -> tuple[str, bytes, bytes]:
-    """A compact, pickle-free form for the shuffle: (key, id bytes, sentence-end bytes)."""
-    return (document.key, document.token_ids.astype(token_dtype).tobytes(),
-            document.sentence_ends.astype(np.int64).tobytes())
-
-
-def decode_document(encoded: tuple[str, bytes, bytes], token_dtype: np.dtype) -> TokenizedDocument:
-    key, ids, ends = encoded
-    return TokenizedDocument(key, np.frombuffer(ids, dtype=token_dtype).astype(np.int32),
-                             np.frombuffer(ends, dtype=np.int64))
