@@ -12,6 +12,7 @@ from typing import Any
 from data_prep.readers import FORMATS
 
 OUTPUT_FORMATS = ("parquet", "tfrecord")
+OBJECTIVES = ("mlm_nsp", "mlm")
 INTERPOLATION_ONLY_KEYS = ("corpus_root",)  # presets may define these to build paths; they shape nothing
 
 
@@ -36,6 +37,7 @@ class PrepConfig:
     inputs: tuple[InputSpec, ...]
     output_dir: str
     vocab: VocabSpec = VocabSpec()
+    objective: str = "mlm_nsp"    # mlm_nsp: BERT's sentence pairs; mlm: contiguous text, no NSP (data_prep/packing.py)
     max_seq_length: int = 128
     max_predictions_per_seq: int = 20
     masked_lm_prob: float = 0.15
@@ -99,6 +101,10 @@ class PrepConfig:
         bad_formats = [f for f in self.output_formats if f not in OUTPUT_FORMATS]
         if bad_formats or "parquet" not in self.output_formats:
             problems.append(f"output_formats must include 'parquet' and only {OUTPUT_FORMATS}, got {list(self.output_formats)}")
+        if self.objective not in OBJECTIVES:
+            problems.append(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        elif self.objective == "mlm":
+            problems += self._mlm_problems()
         if self.masking == "dynamic" and "tfrecord" in self.output_formats:
             problems.append("tfrecord output needs static masking (the reference's format stores masked instances)")
         if self.vocab.file is None and self.vocab.size < 100:
@@ -107,6 +113,19 @@ class PrepConfig:
             problems.append(f"vocab.file {self.vocab.file!r} does not exist")
         if problems:
             raise ValueError("invalid data_prep config:\n  - " + "\n  - ".join(problems))
+
+    def _mlm_problems(self) -> list[str]:
+        problems = []
+        if "tfrecord" in self.output_formats:
+            problems.append("tfrecord output holds the reference's sentence pairs with next-sentence labels; "
+                            "objective=mlm writes parquet only")
+        # Every MLM-only instance is full: a cap below its share would lower the masking rate without a word.
+        wanted = max(1, round(self.max_seq_length * self.masked_lm_prob))
+        if self.max_predictions_per_seq < wanted:
+            problems.append(f"max_predictions_per_seq={self.max_predictions_per_seq} masks fewer than "
+                            f"masked_lm_prob={self.masked_lm_prob} of a full {self.max_seq_length}-token sequence "
+                            f"({wanted}); set max_predictions_per_seq={wanted}")
+        return problems
 
     def data_parameters(self) -> dict[str, Any]:
         """Everything that shapes the instances, for the manifest (and for training to check against)."""

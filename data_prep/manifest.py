@@ -22,7 +22,8 @@ from data_prep.plan import JobPlan
 from data_prep.shard_files import shard_settings
 from data_prep.stats import InstanceStats
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objective mlm_nsp)
+MLM_FORMAT_VERSION = 2      # objective mlm: rows of input_ids (and masking) only; readers of version 1 must refuse it
 _HASH_CHUNK_BYTES = 4 << 20
 
 
@@ -32,8 +33,15 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
     for shard in shards:
         stats = stats.merge(InstanceStats(**shard["stats"]))
     settings = shard_settings(plan, plan.vocab_tokens())
+    with_nsp = plan.config.objective == "mlm_nsp"
+    statistics = stats.summary()
+    if with_nsp:
+        statistics["expected_random_next_share"] = stats.expected_random_next_share(plan.config.random_next_prob)
+    else:   # no sentence pairs: nothing of the next-sentence kind to report
+        for name in ("short_target_share", "random_next_share"):
+            statistics.pop(name)
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": FORMAT_VERSION if with_nsp else MLM_FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "parameters": plan.config.data_parameters(),
         "tokenizer": {
@@ -60,9 +68,8 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
             "random_next_from_same_document": stats.random_next_from_same_document,
             "chunks_without_random_document": stats.chunks_without_random_document,
         },
-        "statistics": {**stats.summary(),
-                       "expected_random_next_share": stats.expected_random_next_share(plan.config.random_next_prob)},
-        "warnings": [w for w in (stats.random_next_warning(plan.config.random_next_prob),) if w],
+        "statistics": statistics,
+        "warnings": [w for w in (stats.random_next_warning(plan.config.random_next_prob),) if w and with_nsp],
         "skipped": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped/")},
         "repaired": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("repaired/")},
     }

@@ -30,6 +30,7 @@ class MaskingConfig:
     whole_word_masking: bool = False
     mask_token_prob: float = 0.8    # share of chosen positions replaced by [MASK]
     random_token_prob: float = 0.1  # share replaced by a random token; the rest keep their token
+    packed: bool = False            # rows of the MLM-only objective: a [SEP] between documents is never masked
 
     def __post_init__(self) -> None:
         if not 0.0 < self.masked_lm_prob < 1.0:
@@ -47,6 +48,7 @@ class MaskingVocab:
     mask_id: int
     replacement_ids: np.ndarray   # ids a random replacement is drawn from: every non-special token
     is_continuation: np.ndarray   # bool per id: a '##' word piece (for whole-word masking)
+    separator_id: int = -1        # [SEP]: never masked inside packed rows
 
     @classmethod
     def from_tokens(cls, tokens: list[str], special_tokens: set[str], mask_token: str = "[MASK]") -> "MaskingVocab":
@@ -55,6 +57,7 @@ class MaskingVocab:
             mask_id=tokens.index(mask_token),
             replacement_ids=np.flatnonzero(~is_special).astype(np.int64),
             is_continuation=np.array([token.startswith("##") for token in tokens]),
+            separator_id=tokens.index("[SEP]") if "[SEP]" in tokens else -1,
         )
 
 
@@ -93,6 +96,8 @@ def mask_batch(
     n_rows, width = input_ids.shape
     num_tokens = np.asarray(num_tokens, dtype=np.int64)
     candidates = candidate_mask(width, num_tokens, num_tokens_a)
+    if config.packed:
+        candidates &= input_ids != vocab.separator_id
     budget = np.minimum(num_to_predict(num_tokens, config), candidates.sum(axis=1))
 
     keys = uniform_keys(instance_seeds, width, _STREAM_SELECT)

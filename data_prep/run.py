@@ -170,12 +170,19 @@ def format_summary(manifest: dict) -> str:
         f"output tokens       {totals['tokens']:>12,}",
         f"masked token share  {stats['masked_token_share']:>12.4f}",
         f"mean length         {stats['mean_instance_length']:>12.2f}   tokens per instance",
-        f"short-target share  {stats['short_target_share']:>12.4f}",
-        f"random-next share   {stats['random_next_share']:>12.4f}   (NSP label 1; expected "
-        f"{stats.get('expected_random_next_share', float('nan')):.4f})",
-        f"  B from A's document {totals.get('random_next_from_same_document', 0):>10,}   "
-        "(bucket of one document: B at least a sequence away from A)",
-        f"  no random B found   {totals.get('chunks_without_random_document', 0):>10,}   chunks (took the actual next)",
+    ]
+    if "random_next_share" in stats:   # sentence pairs (objective mlm_nsp)
+        lines += [
+            f"short-target share  {stats['short_target_share']:>12.4f}",
+            f"random-next share   {stats['random_next_share']:>12.4f}   (NSP label 1; expected "
+            f"{stats.get('expected_random_next_share', float('nan')):.4f})",
+            f"  B from A's document {totals.get('random_next_from_same_document', 0):>10,}   "
+            "(bucket of one document: B at least a sequence away from A)",
+            f"  no random B found   {totals.get('chunks_without_random_document', 0):>10,}   chunks (took the actual next)",
+        ]
+    else:
+        lines.append("objective           MLM only: contiguous text packed into full sequences, no NSP labels")
+    lines += [
         f"wall time           {seconds:>12.1f} s   (vocabulary and pipeline start-up included)",
         f"throughput          {totals['tokens'] / seconds:>12,.0f}   output tokens/s",
     ]

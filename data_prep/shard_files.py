@@ -27,7 +27,8 @@ def shard_settings(plan: JobPlan, tokens: list[str]) -> ShardSettings:
     config = plan.config
     return ShardSettings(
         instance=InstanceConfig(config.max_seq_length, config.short_seq_prob, config.random_next_prob),
-        masking=MaskingConfig(config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_masking),
+        masking=MaskingConfig(config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_masking,
+                              packed=config.objective == "mlm"),
         masking_mode=config.masking,
         dupe_factor=config.dupe_factor,
         seed=config.seed,
@@ -35,6 +36,7 @@ def shard_settings(plan: JobPlan, tokens: list[str]) -> ShardSettings:
         sep_id=tokens.index("[SEP]"),
         masking_vocab=MaskingVocab.from_tokens(tokens, set(SPECIAL_TOKENS)),
         vocab_size=len(tokens),
+        objective=config.objective,
     )
 
 

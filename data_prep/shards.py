@@ -1,7 +1,8 @@
 """One bucket of tokenized documents -> the instances of one shard, masked, as Arrow record batches.
 
-A shard is exactly one bucket: its documents are the pool random next sentences are drawn from, so a shard
-is produced by one worker from data it holds, and memory is bounded by the bucket size, not the corpus.
+A shard is exactly one bucket: its documents are the pool random next sentences are drawn from (or, for the MLM-only
+objective, the text packed into full sequences: data_prep/packing.py), so a shard is produced by one worker from data
+it holds, and memory is bounded by the bucket size, not the corpus.
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from data_prep.instances import (
     create_instances_from_document,
 )
 from data_prep.masking import MaskedBatch, MaskingConfig, MaskingVocab, mask_batch
+from data_prep.packing import assemble_packed, pack_documents
 from data_prep.seeding import mix_seeds, stable_seed
 from data_prep.stats import InstanceStats
 
 MASKING_MODES = ("static", "dynamic")
+OBJECTIVES = ("mlm_nsp", "mlm")   # BERT's sentence pairs with next-sentence labels; contiguous text, MLM only
 _ROWS_PER_BATCH = 8192  # bounds the padded (rows, max_seq_length) arrays masking works on
 
 
@@ -38,8 +41,11 @@ class ShardSettings:
     sep_id: int
     masking_vocab: MaskingVocab
     vocab_size: int
+    objective: str = "mlm_nsp"
 
     def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.masking_mode not in MASKING_MODES:
             raise ValueError(f"masking_mode must be one of {MASKING_MODES}, got {self.masking_mode!r}")
         if self.dupe_factor < 1:
@@ -55,11 +61,12 @@ class ShardSettings:
         return pa.from_numpy_dtype(self.token_dtype)
 
     def schema(self) -> pa.Schema:
-        fields = [
-            pa.field("input_ids", pa.list_(self.token_type)),     # [CLS] A [SEP] B [SEP], unpadded
-            pa.field("num_tokens_a", pa.int16()),                 # segment 0 = the first num_tokens_a + 2
-            pa.field("next_sentence_label", pa.int8()),           # 1: B is random (the reference's label)
-        ]
+        fields = [pa.field("input_ids", pa.list_(self.token_type))]   # [CLS] A [SEP] B [SEP] (mlm: [CLS] text [SEP])
+        if self.objective == "mlm_nsp":
+            fields += [
+                pa.field("num_tokens_a", pa.int16()),             # segment 0 = the first num_tokens_a + 2
+                pa.field("next_sentence_label", pa.int8()),       # 1: B is random (the reference's label)
+            ]
         if self.masking_mode == "static":
             fields += [
                 pa.field("masked_lm_positions", pa.list_(pa.int16())),
@@ -84,6 +91,9 @@ def build_shard(
 ) -> Iterator[InstanceBatch]:
     """All instances of a bucket, `dupe_factor` copies, shuffled, in batches; fills `stats` as it goes."""
     documents = sorted(documents, key=lambda doc: doc.key)   # arrival order must not matter
+    if settings.objective == "mlm":
+        yield from _build_packed_shard(documents, shard_index, settings, stats)
+        return
     spans, seeds, ordinals = [], [], []
     counts = InstanceCounts()
     for copy in range(settings.dupe_factor):
@@ -122,6 +132,25 @@ def build_shard(
         yield batch
 
 
+def _build_packed_shard(documents: Sequence[TokenizedDocument], shard_index: int, settings: ShardSettings,
+                        stats: InstanceStats) -> Iterator[InstanceBatch]:
+    packed = pack_documents(documents, shard_index, settings.instance.max_seq_length, settings.dupe_factor,
+                            settings.seed, settings.sep_id)
+    for begin in range(0, len(packed.starts), _ROWS_PER_BATCH):
+        rows = slice(begin, begin + _ROWS_PER_BATCH)
+        input_ids, num_tokens = assemble_packed(packed, rows, settings.cls_id, settings.sep_id,
+                                                settings.instance.max_seq_length)
+        # One segment: num_tokens_a + 2 = num_tokens puts every token in segment 0 (what masking and the loader read)
+        batch = InstanceBatch(input_ids, num_tokens, num_tokens - 2, np.zeros(len(num_tokens), dtype=np.int8), None)
+        if settings.masking_mode == "static":
+            batch.masked = mask_batch(input_ids, num_tokens, batch.num_tokens_a, packed.seeds[rows],
+                                      settings.masking, settings.masking_vocab)
+            stats.masked_tokens += int(batch.masked.num_masked.sum())
+        stats.instances += len(num_tokens)
+        stats.tokens += int(num_tokens.sum())
+        yield batch
+
+
 def _token_pool(documents: Sequence[TokenizedDocument], settings: ShardSettings):
     """All documents' ids in one array, then [CLS] and [SEP], so every row is a gather from one place."""
     parts = [doc.token_ids for doc in documents] + [np.array([settings.cls_id, settings.sep_id])]
@@ -155,11 +184,9 @@ def to_record_batch(batch: InstanceBatch, settings: ShardSettings) -> pa.RecordB
     token_type = settings.token_dtype
     ids = batch.masked.input_ids if batch.masked is not None else batch.input_ids
     keep = np.arange(ids.shape[1])[None, :] < batch.num_tokens[:, None]
-    columns = [
-        _list_array(ids[keep].astype(token_type), batch.num_tokens),
-        pa.array(batch.num_tokens_a.astype(np.int16)),
-        pa.array(batch.next_sentence_labels.astype(np.int8)),
-    ]
+    columns = [_list_array(ids[keep].astype(token_type), batch.num_tokens)]
+    if settings.objective == "mlm_nsp":
+        columns += [pa.array(batch.num_tokens_a.astype(np.int16)), pa.array(batch.next_sentence_labels.astype(np.int8))]
     if batch.masked is not None:
         slots = np.arange(batch.masked.positions.shape[1])[None, :] < batch.masked.num_masked[:, None]
         columns += [

@@ -240,7 +240,8 @@ class BertModel(nn.Module):
 @dataclasses.dataclass
 class PreTrainingOutput:
     mlm_logits: torch.Tensor  # (B, P, V) at masked_positions, or (B, T, V) when no positions are given
-    nsp_logits: torch.Tensor  # (B, 2); class 1 = sentence B is random (google-research/bert's convention)
+    nsp_logits: torch.Tensor | None  # (B, 2); class 1 = sentence B is random (google-research/bert's convention);
+    # None for a model without the next-sentence head (the MLM-only objective)
     # With labels: the losses, and counts a training loop sums (across steps and ranks) for accuracies:
     # mlm_acc = mlm_correct / mlm_total, nsp_acc = nsp_correct / nsp_total. Counts are 0-dim int64 tensors,
     # so logging them needs no host sync until the loop asks.
@@ -299,19 +300,28 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 
 
 class BertForPreTraining(nn.Module):
-    """BertModel with the masked-LM head (tied to the word embeddings) and the next-sentence head."""
+    """BertModel with the masked-LM head (tied to the word embeddings) and the next-sentence head.
 
-    def __init__(self, config: BertConfig):
+    next_sentence_prediction=False: the MLM-only objective (RoBERTa, MosaicBERT), transformers' BertForMaskedLM:
+    neither the next-sentence head nor the pooler that only it reads (a parameter no loss reaches).
+    """
+
+    def __init__(self, config: BertConfig, next_sentence_prediction: bool = True):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, add_pooling_layer=next_sentence_prediction)
         self.mlm_head = MaskedLMHead(config)
-        self.nsp_head = nn.Linear(config.hidden_size, 2)
+        self.nsp_head = nn.Linear(config.hidden_size, 2) if next_sentence_prediction else None
         for head in (self.mlm_head, self.nsp_head):
-            head.apply(functools.partial(init_bert_weights, std=config.initializer_range))
+            if head is not None:
+                head.apply(functools.partial(init_bert_weights, std=config.initializer_range))
         # Tie after init, so the embedding keeps its one initialisation; both modules now hold one Parameter,
         # which gets gradient from the input lookup and from the output projection.
         self.mlm_head.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    @property
+    def next_sentence_prediction(self) -> bool:
+        return self.nsp_head is not None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
@@ -323,7 +333,7 @@ class BertForPreTraining(nn.Module):
         may hold any valid position (0 is fine) and are marked by masked_lm_labels == -100.
         masked_lm_labels: (B, P) original token ids, -100 for padding slots; or (B, T) with -100 at every
         unmasked position when masked_positions is None (the transformers convention).
-        next_sentence_labels: (B,) 0 = B follows A, 1 = B is random.
+        next_sentence_labels: (B,) 0 = B follows A, 1 = B is random (refused without the next-sentence head).
         Without masked_positions the MLM logits cover every position, (B, T, V).
         """
         encoded = self.bert(input_ids, token_type_ids, attention_mask)
@@ -333,7 +343,8 @@ class BertForPreTraining(nn.Module):
             # positions per sequence (20 of 128 in phase 1), with the same loss.
             index = masked_positions.long().unsqueeze(-1).expand(-1, -1, hidden.shape[-1])  # (B, P, C)
             hidden = torch.gather(hidden, 1, index)  # (B, P, C)
-        out = PreTrainingOutput(mlm_logits=self.mlm_head(hidden), nsp_logits=self.nsp_head(encoded.pooled_output))
+        nsp_logits = self.nsp_head(encoded.pooled_output) if self.nsp_head is not None else None
+        out = PreTrainingOutput(mlm_logits=self.mlm_head(hidden), nsp_logits=nsp_logits)
 
         losses = []
         if masked_lm_labels is not None:
@@ -343,6 +354,8 @@ class BertForPreTraining(nn.Module):
             out.mlm_loss, out.mlm_correct, out.mlm_total = classification_loss(out.mlm_logits, masked_lm_labels)
             losses.append(out.mlm_loss)
         if next_sentence_labels is not None:
+            if nsp_logits is None:
+                raise ValueError("next_sentence_labels given to a model without the next-sentence head (MLM only)")
             out.nsp_loss, out.nsp_correct, out.nsp_total = classification_loss(out.nsp_logits, next_sentence_labels)
             losses.append(out.nsp_loss)
         if losses:

@@ -126,10 +126,10 @@ def short_list(names: list[str], limit: int = 10) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # configs
 
-def hf_config_dict(config: BertConfig) -> dict:
-    """The config.json transformers writes for a BertForPreTraining of this config."""
+def hf_config_dict(config: BertConfig, architecture: str = "BertForPreTraining") -> dict:
+    """The config.json transformers writes for a BertForPreTraining (or another architecture) of this config."""
     return {
-        "architectures": ["BertForPreTraining"],
+        "architectures": [architecture],
         "model_type": "bert",
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
@@ -245,13 +245,14 @@ def config_from_hf(hf_config) -> BertConfig:
 # state dicts
 
 def to_hf_state_dict(model: BertForPreTraining) -> dict[str, torch.Tensor]:
-    """transformers' BertForPreTraining state_dict() (the tied aliases included) from our model.
+    """transformers' BertForPreTraining state_dict() (the tied aliases included) from our model; of a model without
+    the next-sentence head, BertForMaskedLM's (no cls.seq_relationship, no pooler).
 
     The tensors share memory with the model (as state_dict() does); clone them to keep a snapshot.
     """
     ours = model.state_dict()
     hf = _prefixed(_BERT, _encoder_to_hf(model.bert.state_dict(), model.config.num_layers))
-    hf.update({theirs: ours[mine] for mine, theirs in _PRETRAINING_HEAD_RENAMES})
+    hf.update({theirs: ours[mine] for mine, theirs in _PRETRAINING_HEAD_RENAMES if mine in ours})
     for alias, target in HF_TIED_ALIASES.items():
         hf[alias] = hf[target]
     return hf
@@ -272,14 +273,16 @@ def _normalised(hf_state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor], config: BertConfig) -> BertForPreTraining:
-    """Our model holding the weights of a transformers BertForPreTraining state dict (or a checkpoint's).
+    """Our model holding the weights of a transformers BertForPreTraining state dict (or a checkpoint's); of a
+    BertForMaskedLM's (no cls.seq_relationship), a model without the next-sentence head and pooler.
 
     The tied aliases may be absent (safetensors files store them once); a decoder that is present but differs
     from the word embeddings is refused, since this model can only tie them.
     """
     hf = _normalised(hf_state_dict)
-    expected = {_BERT + name for name in _hf_encoder_names(config.num_layers)}
-    expected |= {theirs for _, theirs in _PRETRAINING_HEAD_RENAMES}
+    with_nsp = "cls.seq_relationship.weight" in hf
+    expected = {_BERT + name for name in _hf_encoder_names(config.num_layers) if with_nsp or name not in _HF_POOLER}
+    expected |= {theirs for _, theirs in _PRETRAINING_HEAD_RENAMES if with_nsp or "seq_relationship" not in theirs}
     missing = sorted(expected - hf.keys())
     unexpected = sorted(hf.keys() - expected - HF_TIED_ALIASES.keys())
     if missing or unexpected:
@@ -292,10 +295,10 @@ def from_hf_state_dict(hf_state_dict: dict[str, torch.Tensor], config: BertConfi
 
     encoder = {name[len(_BERT):]: tensor for name, tensor in hf.items() if name.startswith(_BERT)}
     ours = _prefixed(_BERT, _encoder_from_hf(encoder, config.num_layers))
-    ours.update({mine: hf[theirs] for mine, theirs in _PRETRAINING_HEAD_RENAMES})
+    ours.update({mine: hf[theirs] for mine, theirs in _PRETRAINING_HEAD_RENAMES if theirs in hf})
     ours["mlm_head.decoder.weight"] = ours["bert.embeddings.word_embeddings.weight"]
 
-    model = BertForPreTraining(config)
+    model = BertForPreTraining(config, next_sentence_prediction=with_nsp)
     model.load_state_dict(ours, strict=True)
     return model
 

@@ -31,16 +31,17 @@ def export_hf(model: BertForPreTraining, out_dir: str | Path, tokenizer_dir_or_v
               lowercase: bool | None = None) -> Path:
     """Write a directory transformers loads offline: config.json, model.safetensors, and the tokenizer if given.
 
-    ``transformers.BertForPreTraining.from_pretrained(out_dir)`` (or BertModel, or AutoModel* for fine-tuning)
-    then gives our model's outputs, and ``AutoTokenizer.from_pretrained(out_dir)`` its tokenizer.
+    ``transformers.BertForPreTraining.from_pretrained(out_dir)`` (BertForMaskedLM for a model without the next-sentence
+    head; or BertModel, or AutoModel* for fine-tuning) then gives our model's outputs, and ``AutoTokenizer.from_pretrained(out_dir)`` its tokenizer.
     tokenizer_dir_or_vocab_file: a vocab.txt, or a directory holding one (and optionally tokenizer.json), such
     as a data_prep output directory. lowercase: whether the tokenizer lowercases; by default read from
     tokenizer.json when there is one, else True (uncased BERT).
     """
     # The tied aliases are left out, as transformers itself does.
     tensors = {name: tensor for name, tensor in to_hf_state_dict(model).items() if name not in HF_TIED_ALIASES}
-    return _write_hf_dir(out_dir, hf_config_dict(model.config), tensors, model.config, tokenizer_dir_or_vocab_file,
-                         lowercase)
+    architecture = "BertForPreTraining" if model.next_sentence_prediction else "BertForMaskedLM"
+    return _write_hf_dir(out_dir, hf_config_dict(model.config, architecture), tensors, model.config,
+                         tokenizer_dir_or_vocab_file, lowercase)
 
 
 def export_hf_task(model: TaskModel, out_dir: str | Path, tokenizer_dir_or_vocab_file: str | Path | None = None,

@@ -4,7 +4,8 @@ model (fine-tuning, feature extraction).
 
     load_pretrained(path)                   -> Pretrained (encoder, heads, config, tokenizer), from any format below
     load_pretraining_weights(model, path)   BertForPreTraining: encoder and both heads, every tensor, strictly
-    load_pretraining_model(path)            the same, into a model built from the checkpoint's own config
+    load_pretraining_model(path)            the same, into a model built from the checkpoint's own config and
+                                            objective (no next-sentence head after MLM-only pre-training)
     load_into_task_model(model, pretrained) a task model: the encoder always, the head only when one fits
 
 The formats:
@@ -51,6 +52,11 @@ class Pretrained:
     @property
     def has_pooler(self) -> bool:
         return "pooler.dense.weight" in self.encoder_state
+
+    @property
+    def has_next_sentence_head(self) -> bool:
+        """Pre-trained with next-sentence prediction (ours: nsp_head.*; transformers': cls.seq_relationship.*)."""
+        return any(name.startswith(("nsp_head.", "cls.seq_relationship.")) for name in self.head_state)
 
 
 def load_pretrained(init: str | Path, tokenizer: str | Path | None = None, find_tokenizer: bool = True) -> Pretrained:
@@ -179,13 +185,19 @@ def _tokenizer_of_run(run_dir: Path | None) -> Path | None:
 # ----------------------------------------------------------------------------------------------------------
 # into a pre-training model
 
-def load_pretraining_weights(model: BertForPreTraining, path: str | Path) -> None:
+def load_pretraining_weights(model: BertForPreTraining, path: str | Path,
+                             pretrained: Pretrained | None = None) -> None:
     """Every tensor of `model` (encoder, pooler, MLM and NSP heads) from the checkpoint at `path`, in any format
     load_pretrained reads; refuses a checkpoint that lacks any of them or holds others (another model size, a
-    fine-tuned model)."""
+    fine-tuned model, the other pre-training objective)."""
     from model.hf_conversion import pretraining_heads_from_hf
 
-    pretrained = load_pretrained(path, find_tokenizer=False)
+    pretrained = pretrained or load_pretrained(path, find_tokenizer=False)
+    if pretrained.has_next_sentence_head != model.next_sentence_prediction:
+        objective = {True: "mlm_nsp (with next-sentence prediction)", False: "mlm (MLM only)"}
+        raise ValueError(f"{path} was pre-trained with objective {objective[pretrained.has_next_sentence_head]}, and "
+                         f"this model's shard set has objective {objective[model.next_sentence_prediction]}: train on "
+                         "a shard set of the checkpoint's objective, or start from another checkpoint")
     heads = pretrained.head_state
     if any(name.startswith("cls.") for name in heads):   # a Hugging Face directory: transformers' head names
         heads = pretraining_heads_from_hf(heads)
@@ -201,9 +213,10 @@ def load_pretraining_weights(model: BertForPreTraining, path: str | Path) -> Non
 
 
 def load_pretraining_model(path: str | Path) -> BertForPreTraining:
-    """A BertForPreTraining of the checkpoint's own config, holding its weights."""
-    model = BertForPreTraining(load_pretrained(path, find_tokenizer=False).config)
-    load_pretraining_weights(model, path)
+    """A BertForPreTraining of the checkpoint's own config and objective, holding its weights."""
+    pretrained = load_pretrained(path, find_tokenizer=False)
+    model = BertForPreTraining(pretrained.config, next_sentence_prediction=pretrained.has_next_sentence_head)
+    load_pretraining_weights(model, path, pretrained)
     return model
 
 

@@ -115,6 +115,10 @@ def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, a
     if ours != theirs:
         raise ValueError(f"validation.path={path} was tokenized with another vocabulary than data.path="
                          f"{cfg.data.path}: make it with data prep's vocab.file=<training set>/vocab.txt")
+    if held_out.objective != shard_set.objective:
+        raise ValueError(f"validation.path={path} has objective={held_out.objective} and data.path={cfg.data.path} "
+                         f"objective={shard_set.objective}: make the held-out set with objective="
+                         f"{shard_set.objective}")
     max_batches = settings.get("max_batches")
     # Lightning counts validation intervals in training batches (micro-batches) across epochs.
     return {"val_check_interval": every * accumulation, "check_val_every_n_epoch": None,

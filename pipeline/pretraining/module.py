@@ -4,6 +4,7 @@ Metrics (logged every trainer.log_every_n_steps optimizer steps, over all the mi
 last log):
     train/loss, train/mlm_loss, train/nsp_loss   means over the micro-batches of the window
     train/mlm_acc, train/nsp_acc                 sum(correct) / sum(total) over the window, all ranks
+    (no nsp metrics for the MLM-only objective: a model without the next-sentence head)
     train/lr                                     the rate of the step's first parameter group
     train/grad_norm                              total 2-norm of the gradients before clipping
 Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers).
@@ -45,16 +46,17 @@ _LOSS_SLOTS = slice(0, 3)
 
 class BertPretrainingModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
-                 max_steps: int, overfit_batches: int = 0, seed: int = 0):
+                 max_steps: int, overfit_batches: int = 0, seed: int = 0, next_sentence_prediction: bool = True):
         """model_config: BertConfig fields; optimizer / scheduler: the `optimizer` and `scheduler` configs
         (pipeline/core/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
         overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
         the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset); seed: the run's
-        seed, which dropout on rank r draws from as seed + r."""
+        seed, which dropout on rank r draws from as seed + r; next_sentence_prediction: False for the MLM-only
+        objective (the shard set's manifest says which)."""
         super().__init__()
         self.save_hyperparameters()
         self.config = BertConfig(**model_config)
-        self.model = BertForPreTraining(self.config)
+        self.model = BertForPreTraining(self.config, next_sentence_prediction=next_sentence_prediction)
         self._window: torch.Tensor | None = None   # per-log-window sums, see _LOSS_SLOTS
         self._val_sums: torch.Tensor | None = None  # [mlm loss sum, mlm total, mlm correct, nsp ...] of a validation
         self._pending_rng: dict[str, Any] | None = None
@@ -71,9 +73,10 @@ class BertPretrainingModule(pl.LightningModule):
         if self.hparams.overfit_batches:
             batch = self._overfit_batch(batch)
         out = self.model(**batch)
-        sums = torch.stack([out.loss.detach().float(), out.mlm_loss.detach().float(), out.nsp_loss.detach().float(),
+        nsp_loss, nsp_correct, nsp_total = _nsp_counts(out)
+        sums = torch.stack([out.loss.detach().float(), out.mlm_loss.detach().float(), nsp_loss,
                             torch.ones((), device=out.loss.device), out.mlm_correct.float(), out.mlm_total.float(),
-                            out.nsp_correct.float(), out.nsp_total.float()])
+                            nsp_correct, nsp_total])
         self._window = sums if self._window is None else self._window + sums
         if self._is_step_boundary() and self._is_log_step():
             self._log_window()
@@ -116,6 +119,8 @@ class BertPretrainingModule(pl.LightningModule):
             "train/mlm_acc": sums[4] / sums[5].clamp(min=1), "train/nsp_acc": sums[6] / sums[7].clamp(min=1),
             "train/lr": torch.tensor(self._current_lr()),
         }
+        if not self.model.next_sentence_prediction:
+            del metrics["train/nsp_loss"], metrics["train/nsp_acc"]
         # Already reduced over ranks: no sync_dist (it would average identical values at the cost of a collective).
         self.log_dict({k: v for k, v in metrics.items() if k != "train/loss"}, on_step=True, on_epoch=False)
         self.log("train/loss", metrics["train/loss"], on_step=True, on_epoch=False, prog_bar=True)
@@ -148,10 +153,10 @@ class BertPretrainingModule(pl.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         out = self.model(**batch)
+        nsp_loss, nsp_correct, nsp_total = _nsp_counts(out)
         # Losses weighted by what they average over, so the result is per token / per sequence over the whole set.
         sums = torch.stack([out.mlm_loss.detach().float() * out.mlm_total, out.mlm_total.float(),
-                            out.mlm_correct.float(), out.nsp_loss.detach().float() * out.nsp_total,
-                            out.nsp_total.float(), out.nsp_correct.float()])
+                            out.mlm_correct.float(), nsp_loss * nsp_total, nsp_total, nsp_correct])
         self._val_sums = sums if self._val_sums is None else self._val_sums + sums
 
     def on_validation_epoch_end(self) -> None:
@@ -163,6 +168,8 @@ class BertPretrainingModule(pl.LightningModule):
         metrics = {"val/mlm_loss": sums[0] / mlm_total, "val/mlm_acc": sums[2] / mlm_total,
                    "val/nsp_loss": sums[3] / nsp_total, "val/nsp_acc": sums[5] / nsp_total}
         metrics["val/loss"] = metrics["val/mlm_loss"] + metrics["val/nsp_loss"]
+        if not self.model.next_sentence_prediction:
+            del metrics["val/nsp_loss"], metrics["val/nsp_acc"]
         self.log_dict(metrics, on_step=False, on_epoch=True)   # reduced above: no sync_dist
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
@@ -197,6 +204,14 @@ class BertPretrainingModule(pl.LightningModule):
         if self._pending_rng is not None:
             restore_rng_states(self._pending_rng)
             self._pending_rng = None
+
+
+def _nsp_counts(out) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, correct, total) of the next-sentence head as float tensors; zeros for the MLM-only objective."""
+    if out.nsp_loss is None:
+        zero = torch.zeros((), device=out.mlm_loss.device)
+        return zero, zero, zero
+    return out.nsp_loss.detach().float(), out.nsp_correct.float(), out.nsp_total.float()
 
 
 def seed_rng_states(seed: int) -> None:

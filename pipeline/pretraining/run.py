@@ -92,7 +92,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
     module = BertPretrainingModule(
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
-        max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed))
+        max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed),
+        next_sentence_prediction=plan.shard_set.has_next_sentence_labels)   # the objective: the manifest's word
     if plan.init_from is not None and plan.ckpt_path is None:
         load_pretraining_weights(module.model, plan.init_from)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
@@ -129,7 +130,7 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
     if cfg.export.get("hf", True) and not trainer.fast_dev_run:
         model = module.model
         if getattr(trainer.strategy, "zero_stage_3", False):   # parameters are partitioned: read the checkpoint
-            model = BertForPreTraining(plan.model_config)
+            model = BertForPreTraining(plan.model_config, plan.shard_set.has_next_sentence_labels)
             load_pretraining_weights(model, last_checkpoint)
         result["hf_export"] = str(export_model(model, output_dir, cfg.data.path))
     log.info("run finished at step %d: %s", trainer.global_step, output_dir)

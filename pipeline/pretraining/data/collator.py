@@ -5,7 +5,7 @@ The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
                                               (tensor-core friendly shapes), at most max_seq_length
   masked_positions, masked_lm_labels          (B, P), P = max_predictions_per_seq; padding slots hold
                                               position 0 and label -100 (ignored by the loss)
-  next_sentence_labels                        (B,), 1 = B is random
+  next_sentence_labels                        (B,), 1 = B is random; absent for MLM-only sets (no NSP)
 Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
 the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
 masked the same way whatever batch, worker or rank it lands in, and differently every epoch. Because a row's
@@ -49,7 +49,8 @@ def _row_seeds(epoch_seed: int, row_index: np.ndarray) -> np.ndarray:
 class PretrainingCollator:
     def __init__(self, *, max_seq_length: int, max_predictions_per_seq: int, pad_id: int, masking: str,
                  masking_config: MaskingConfig | None = None, masking_vocab: MaskingVocab | None = None,
-                 seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False):
+                 seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False,
+                 next_sentence_labels: bool = True):
         if masking not in ("static", "dynamic"):
             raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
         if masking == "dynamic" and (masking_config is None or masking_vocab is None):
@@ -65,12 +66,14 @@ class PretrainingCollator:
         self.seed = seed
         self.pad_to_multiple_of = pad_to_multiple_of
         self.return_row_index = return_row_index   # adds "row_index" (B,): for tests and debugging only
+        self.next_sentence_labels = next_sentence_labels
 
     @classmethod
     def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> "PretrainingCollator":
         return cls(max_seq_length=shard_set.max_seq_length, max_predictions_per_seq=shard_set.max_predictions_per_seq,
                    pad_id=shard_set.special_tokens.pad, masking=shard_set.masking,
-                   masking_config=shard_set.masking_config, masking_vocab=shard_set.masking_vocab, **kwargs)
+                   masking_config=shard_set.masking_config, masking_vocab=shard_set.masking_vocab,
+                   next_sentence_labels=shard_set.has_next_sentence_labels, **kwargs)
 
     def padded_length(self, num_tokens: np.ndarray) -> int:
         longest = int(num_tokens.max())
@@ -132,8 +135,9 @@ class PretrainingCollator:
             "attention_mask": is_token.astype(np.int64),
             "masked_positions": positions,
             "masked_lm_labels": labels,
-            "next_sentence_labels": rows.next_sentence_label,
         }
+        if self.next_sentence_labels:
+            batch["next_sentence_labels"] = rows.next_sentence_label
         if self.return_row_index:
             batch["row_index"] = rows.row_index
         return {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in batch.items()}

@@ -137,12 +137,18 @@ class RowGroupReader:
         first_row = int(groups.first_row[piece.group])
         rows = slice(piece.start, piece.stop)
         token_values, token_offsets = _list_column(table.column("input_ids"))
+        num_tokens = np.diff(token_offsets)[rows]
+        if self.shard_set.has_next_sentence_labels:
+            num_tokens_a = _column(table, "num_tokens_a")[rows].astype(np.int64)
+            next_sentence_label = _column(table, "next_sentence_label")[rows]
+        else:   # MLM-only rows are one segment ([CLS] text [SEP]); their label is never read
+            num_tokens_a, next_sentence_label = num_tokens - 2, np.zeros(len(num_tokens), dtype=np.int8)
         result = Rows(
             token_values=token_values,
             token_starts=token_offsets[:-1][rows],
-            num_tokens=np.diff(token_offsets)[rows],
-            num_tokens_a=_column(table, "num_tokens_a")[rows].astype(np.int64),
-            next_sentence_label=_column(table, "next_sentence_label")[rows],
+            num_tokens=num_tokens,
+            num_tokens_a=num_tokens_a,
+            next_sentence_label=next_sentence_label,
             row_index=np.arange(first_row + piece.start, first_row + piece.stop, dtype=np.int64),
         )
         if self.shard_set.masking == "static":

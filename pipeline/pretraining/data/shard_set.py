@@ -20,9 +20,11 @@ from data_prep.vocab import SPECIAL_TOKENS, parse_vocab, vocab_sha256
 
 # Manifest format versions this reader understands. Not data_prep.manifest.FORMAT_VERSION itself: a newer
 # data_prep must be refused until this reader has learnt its format.
-SUPPORTED_FORMAT_VERSIONS = (1,)
+SUPPORTED_FORMAT_VERSIONS = (1, 2)   # 2: the MLM-only objective's rows (no sentence pair, no NSP label)
 MASKING_MODES = ("static", "dynamic")
+OBJECTIVES = ("mlm_nsp", "mlm")
 BASE_COLUMNS = ("input_ids", "num_tokens_a", "next_sentence_label")
+MLM_COLUMNS = ("input_ids",)
 STATIC_COLUMNS = ("masked_lm_positions", "masked_lm_ids")
 # The data_prep presets that write each sequence length (for the messages below).
 _PRESET_FOR_LENGTH = {128: "phase1", 512: "phase2"}
@@ -74,6 +76,16 @@ class ShardSet:
         return self.manifest["parameters"]
 
     @property
+    def objective(self) -> str:
+        """'mlm_nsp' (sentence pairs with next-sentence labels) or 'mlm' (contiguous text, no NSP): what the
+        model trains on, read from the manifest so that it is never set twice."""
+        return objective_of(self.manifest)
+
+    @property
+    def has_next_sentence_labels(self) -> bool:
+        return self.objective == "mlm_nsp"
+
+    @property
     def masking(self) -> str:
         """'static' (shards hold masked rows and their labels) or 'dynamic' (the collator masks)."""
         return self.parameters["masking"]
@@ -94,7 +106,8 @@ class ShardSet:
     def masking_config(self) -> MaskingConfig:
         """The masking data_prep used (or would use): the loader masks dynamic sets with exactly this."""
         p = self.parameters
-        return MaskingConfig(p["masked_lm_prob"], p["max_predictions_per_seq"], p["whole_word_masking"])
+        return MaskingConfig(p["masked_lm_prob"], p["max_predictions_per_seq"], p["whole_word_masking"],
+                             packed=self.objective == "mlm")
 
     @property
     def total_rows(self) -> int:
@@ -102,7 +115,7 @@ class ShardSet:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return BASE_COLUMNS + (STATIC_COLUMNS if self.masking == "static" else ())
+        return columns_of(self.manifest)
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, max_seq_length: int, vocab_size: int,
@@ -132,6 +145,15 @@ class ShardSet:
         special = SpecialTokenIds(*(tokens.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")))
         return cls(path, manifest, shards, row_groups, special,
                    MaskingVocab.from_tokens(tokens, set(SPECIAL_TOKENS)))
+
+
+def objective_of(manifest: dict[str, Any]) -> str:
+    return manifest["parameters"].get("objective", "mlm_nsp")   # manifests before the MLM-only objective: pairs
+
+
+def columns_of(manifest: dict[str, Any]) -> tuple[str, ...]:
+    base = BASE_COLUMNS if objective_of(manifest) == "mlm_nsp" else MLM_COLUMNS
+    return base + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
 
 
 def _join(directory: str, name: str) -> str:
@@ -181,6 +203,9 @@ def _check_fits(path: str, manifest: dict[str, Any], max_seq_length: int, vocab_
     masking = manifest["parameters"].get("masking")
     if masking not in MASKING_MODES:
         raise ValueError(f"shard set {path} has masking={masking!r}; this loader knows {list(MASKING_MODES)}")
+    if objective_of(manifest) not in OBJECTIVES:
+        raise ValueError(f"shard set {path} has objective={objective_of(manifest)!r}; this loader knows "
+                         f"{list(OBJECTIVES)}")
 
 
 def filesystem_and_path(path: str):
@@ -210,7 +235,7 @@ def _read_vocab(path: str, manifest: dict[str, Any]) -> list[str]:
 def _row_groups(shards: tuple[ShardFile, ...], manifest: dict[str, Any]) -> RowGroups:
     """Row group sizes from each shard's Parquet footer (a few KB read per file), checked against the manifest."""
     files, indices, rows = [], [], []
-    required = BASE_COLUMNS + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
+    required = columns_of(manifest)
     for file_index, shard in enumerate(shards):
         filesystem, inner = filesystem_and_path(shard.path)
         try:
