@@ -16,7 +16,7 @@ at the end of its own budget.
 
 A caveat the report repeats: tries with another vocabulary predict other pieces (a smaller vocabulary has shorter,
 more frequent pieces), so their MLM accuracies are not on the same scale as the original vocabulary's; the report
-compares vocabularies on a measure that does not depend on them too (the SST-2 probe of benchmarks/bench_downstream.py).
+compares vocabularies on a measure that does not depend on them too (the SST-2 probe of benchmarks/bench_cpu_hour_curve.py).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ OUT = REPO_ROOT / "outputs" / "bench_cpu_recipe"
 THREADS = 2
 CALIBRATION_STEPS, CALIBRATION_SKIP, CALIBRATION_WINDOW = 60, 10, 5
 VALIDATIONS_PER_TRY = 10
-LONG_TRY_MINUTES = 30         # tries this long keep a checkpoint every quarter (benchmarks/bench_downstream.py)
+LONG_TRY_MINUTES = 30         # tries this long keep a checkpoint every quarter (benchmarks/bench_cpu_hour_curve.py)
 VALIDATION_BATCHES = 32       # of 32 sequences: ~1,000 held-out sequences, ~15,000 masked tokens at seq 128
 
 # name -> (sequence length, vocabulary, overrides of pipeline/train.py). The names say what differs.

@@ -1,177 +1,152 @@
-"""Does our pre-training pay? The downstream scores of `+experiment=cpu_hour` against its pre-training minutes.
+"""Does our pre-training pay on real text? The pre-registered study of benchmarks/study_protocol.md, a command per stage.
 
-    python benchmarks/bench_downstream.py --shared-data ../shared/data                 # pre-train, then every point
-    python benchmarks/bench_downstream.py --shared-data ../shared/data --run <run dir>  # the points of a finished run
-    python benchmarks/bench_downstream.py --shared-data ../shared/data --minutes 0 15 --seeds 1   # a part of it
+    python benchmarks/bench_downstream.py corpora --shared-data ../shared/data     # split, decontaminate, shard sets
+    python benchmarks/bench_downstream.py calibrate --shared-data ../shared/data   # steps per minute of each shape
+    python benchmarks/bench_downstream.py search --shared-data ../shared/data      # the tries, then each corpus's recipe
+    python benchmarks/bench_downstream.py pretrain --shared-data ../shared/data    # the five runs (resume: run it again)
+    python benchmarks/bench_downstream.py finetune --shared-data ../shared/data    # every arm, task, budget and seed
+    python benchmarks/bench_downstream.py report --shared-data ../shared/data      # table, figures, endpoints
+    python benchmarks/bench_downstream.py --quick --shared-data ../shared/data     # every stage, at a tiny scale
 
-1. Pre-training: `pipeline/train.py +experiment=cpu_hour` (the recipe benchmarks/bench_cpu_recipe.py found) on the
-   training side of benchmarks/recipe_corpus.py (the held-out side, never trained on, is its validation set), with
-   a checkpoint every quarter of the run: 15, 30, 45 and 60 minutes of a quiet 2-core CPU, as the recipe's step
-   count is (see conf/training/experiment/cpu_hour.yaml).
-2. Points: 0 minutes is random initialisation of the same architecture (BERT's initialiser, torch seed = the seed:
-   one encoder per seed), then the checkpoints at --minutes.
-3. For each point and seed (1, 2, 3): the four measures of benchmarks/downstream_suite.py (SST-2 linear probe, CoLA,
-   STS-B, SST-2 on 5,000 sentences), with settings fixed before the first run, the same for every point.
-4. A table (mean ± sample standard deviation per cell) and a figure (each measure against pre-training minutes,
-   with the spread) in --out: report.md, downstream_curve.png, results.json. Results are kept per point and seed as
-   they come, so an interrupted run continues where it stopped.
-
-The goal it checks: at 60 minutes the pre-trained encoder beats random initialisation by more than twice the seed
-standard deviation (the larger of the two sides') on at least two of the four measures (the probe's scalar mix with
-mean pooling, CoLA's MCC, STS-B's Pearson, SST-2's accuracy), and the gap grows with the budget.
+Every stage keeps what it made under --out (outputs/study; outputs/study_quick with --quick) and skips what is done,
+so a stage can run in several sittings; `pretrain --arms domain_120` runs some arms only.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 from common import REPO_ROOT, add_shared_data_flag, shared_path
-from downstream_suite import run_suite
-from recipe_corpus import shard_sets
+from study_corpora import build_corpora, shard_sets
+from study_recipe import (CORPORA, SMALL_SHAPE, TRIES, TRY_MINUTES, budget_steps, calibrate, choose,
+                          heldout_mlm_accuracy, search, train_for)
 
-PRIMARY = ("probe_mix_mean", "cola_mcc", "stsb_pearson", "sst2_acc")
-SHOWN = ("probe_mix_mean", "probe_last_mean", "probe_mix_cls", "probe_last_cls", "cola_mcc", "stsb_pearson",
-         "stsb_spearman", "sst2_acc")
-RUN_MINUTES = 60
-
-
-def recipe_steps() -> int:
-    from pipeline.core.app import compose
-    return int(compose("train", ["+experiment=cpu_hour"]).trainer.max_steps)
-
-
-def pretrain(shared_data: Path, out: Path) -> Path:
-    """The cpu_hour recipe on the corpus split, a checkpoint every quarter; returns the run directory."""
-    run = out / "pretrain"
-    if (run / "checkpoints" / "last.ckpt").exists():
-        return run
-    from pipeline.core.app import compose
-    recipe = compose("train", ["+experiment=cpu_hour"])
-    train, heldout = shard_sets(shared_data, REPO_ROOT / "outputs" / "recipe_corpus",
-                                int(recipe.data.max_seq_length), str(recipe.get("corpus_vocab", "original")))
-    steps = int(recipe.trainer.max_steps)
-    command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), "+experiment=cpu_hour",
-               f"data.path={train}", f"validation.path={heldout}", f"hydra.run.dir={run}",
-               f"callbacks.checkpoint.every_n_train_steps={steps // 4}", "trainer.enable_progress_bar=false"]
-    print(f"pre-training: {' '.join(command)}", flush=True)
-    subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    return run
+STAGES = ("corpora", "calibrate", "search", "pretrain", "finetune", "report")
+# (arm, corpus, minutes, the other objective than the chosen one), in the protocol's order
+PRETRAINING_ARMS = (("domain_120", "domain", 120, False), ("general_120", "general", 120, False),
+                    ("domain_60", "domain", 60, False), ("general_60", "general", 60, False),
+                    ("domain_60_other", "domain", 60, True))
+QUICK_TRIES = ("tiny_v16k_s128_mlm_lr1e-3", "tiny_v16k_s128_nsp_lr1e-3", "tiny_v8k_s128_mlm_lr1e-3")
+QUICK_MINUTES = 0.1           # of the quick chain's calibration: a handful of steps
 
 
-def init_of(run: Path, minutes: float, seed: int, out: Path) -> Path:
-    """The weights of a point: a random export at 0 minutes (one per seed), else the run's checkpoint."""
-    if minutes == 0:
-        return random_init(run, seed, out / f"random-{seed}")
-    step = round(recipe_steps() * minutes / RUN_MINUTES)
-    path = run / "checkpoints" / f"step{step:07d}.ckpt"
-    if not path.exists():
-        sys.exit(f"no checkpoint for {minutes:g} minutes ({path}); the run keeps one every quarter")
-    return path
+def _other(objective: str) -> str:
+    return "mlm_nsp" if objective == "mlm" else "mlm"
 
 
-def random_init(run: Path, seed: int, out: Path) -> Path:
-    import torch
-
-    from model import BertForPreTraining
-    from model.hf_files import export_hf
-    from pipeline.core.weights import load_pretrained
-
-    if (out / "config.json").exists():
-        return out
-    pretrained = load_pretrained(run)                 # for the architecture and the tokenizer only
-    torch.manual_seed(seed)
-    return export_hf(BertForPreTraining(pretrained.config), out, pretrained.tokenizer_source)
+def _tries(quick: bool) -> dict[str, dict]:
+    return {name: TRIES[name] for name in QUICK_TRIES} if quick else TRIES
 
 
-def spread(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def _recipe(out: Path, corpus: str, other: bool) -> dict:
+    recipe = dict(json.loads((out / "search" / corpus / "choice.json").read_text())["recipe"])
+    if other:
+        recipe["objective"] = _other(recipe["objective"])
+    return recipe
 
 
-def report(results: dict, minutes: list[float], seeds: list[int]) -> tuple[str, list[str]]:
-    """The table, and the goal's verdict lines."""
-    lines = ["| measure | " + " | ".join(f"{m:g} min" for m in minutes) + " |",
-             "|---|" + "---|" * len(minutes)]
-    for measure in SHOWN:
-        cells = []
-        for m in minutes:
-            values = [results[f"{m:g}"][str(s)][measure] for s in seeds if str(s) in results.get(f"{m:g}", {})]
-            cells.append("{:.4f} ± {:.4f}".format(*spread(values)) if values else "")
-        lines.append(f"| {measure} | " + " | ".join(cells) + " |")
-    verdict = []
-    if "0" in results and f"{RUN_MINUTES}" in results and len(seeds) > 1:
-        wins = 0
-        for measure in PRIMARY:
-            base = [results["0"][str(s)][measure] for s in seeds]
-            top = [results[f"{RUN_MINUTES}"][str(s)][measure] for s in seeds]
-            gap = statistics.fmean(top) - statistics.fmean(base)
-            sd = max(spread(base)[1], spread(top)[1])
-            wins += gap > 2 * sd
-            verdict.append(f"{measure}: gap at {RUN_MINUTES} min {gap:+.4f}, larger sd {sd:.4f}: "
-                           f"{'beats random by more than 2 sd' if gap > 2 * sd else 'not by 2 sd'}")
-        verdict.append(f"goal (>= 2 of 4 measures beyond 2 sd at {RUN_MINUTES} min): {'met' if wins >= 2 else 'not met'}"
-                       f" ({wins} of 4)")
-    return "\n".join(lines), verdict
+def stage_corpora(out: Path, shared_data: Path, quick: bool) -> None:
+    build_corpora(shared_data, out, quick)
+    for corpus in CORPORA:
+        for recipe in _tries(quick).values():
+            shard_sets(out, corpus, recipe["vocab"], recipe["seq"], recipe["objective"])
 
 
-def plot(results: dict, minutes: list[float], seeds: list[int], path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def stage_calibrate(out: Path, quick: bool) -> None:
+    recipes = list(_tries(quick).values()) + ([] if quick else [SMALL_SHAPE])
+    calibrate(out, recipes, quick)
 
-    fig, axes = plt.subplots(2, 4, figsize=(16, 7), constrained_layout=True)
-    for ax, measure in zip(axes.flat, SHOWN):
-        xs, means, sds = [], [], []
-        for m in minutes:
-            values = [results[f"{m:g}"][str(s)][measure] for s in seeds if str(s) in results.get(f"{m:g}", {})]
-            if values:
-                mean, sd = spread(values)
-                xs.append(m), means.append(mean), sds.append(sd)
-                ax.scatter([m] * len(values), values, s=10, color="grey", alpha=0.6)
-        ax.errorbar(xs, means, yerr=sds, marker="o", capsize=4)
-        ax.set_title(measure)
-        ax.set_xlabel("pre-training minutes (0 = random init)")
-        ax.grid(alpha=0.3)
-    fig.suptitle("cpu_hour: downstream scores against pre-training budget (mean ± sd over seeds; dots: each seed)")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+def stage_search(out: Path, shared_data: Path, quick: bool) -> None:
+    search(out, shared_data, _tries(quick), QUICK_MINUTES if quick else TRY_MINUTES, quick)
+    for corpus in CORPORA:
+        choice = choose(out, corpus, _tries(quick))
+        print(f"{corpus}: {choice['recipe']}\n  " + "\n  ".join(choice["reasons"]), flush=True)
+
+
+def stage_pretrain(out: Path, quick: bool, only: list[str] | None) -> None:
+    for arm, corpus, minutes, other in PRETRAINING_ARMS:
+        if only and arm not in only:
+            continue
+        recipe = _recipe(out, corpus, other)
+        calibrate(out, [recipe], quick)               # a chosen shape that was not a try
+        steps = budget_steps(out, recipe, QUICK_MINUTES * minutes / 60 if quick else minutes)
+        result = train_for(out, corpus, recipe, out / "pretrain" / arm, steps, checkpoints=True)
+        print(f"{arm}: {steps} steps of {recipe}, held-out MLM accuracy {result['heldout_mlm_acc']:.4f}", flush=True)
+    compare_objectives(out)
+
+
+def compare_objectives(out: Path) -> None:
+    """Secondary: the 60-minute domain runs of both objectives on one yardstick, the MLM-only held-out set."""
+    runs = [out / "pretrain" / arm for arm in ("domain_60", "domain_60_other")]
+    if not all((run / "DONE").exists() for run in runs):
+        return
+    recipe = _recipe(out, "domain", other=False)
+    _, heldout = shard_sets(out, "domain", recipe["vocab"], recipe["seq"], "mlm")
+    result = {run.name: {"objective": json.loads((run / "DONE").read_text())["recipe"]["objective"],
+                         "mlm_only_heldout_mlm_acc": heldout_mlm_accuracy(run / "hf_export", heldout)}
+              for run in runs}
+    (out / "pretrain" / "objective_comparison.json").write_text(json.dumps(result, indent=1))
+    print(f"objective comparison: {result}", flush=True)
+
+
+def downstream_arms(out: Path) -> list[dict]:
+    """The protocol's arms, as study_tasks takes them; random arms copy a pre-trained arm's config and tokenizer."""
+    export = {arm: out / "pretrain" / arm / "hf_export" for arm, *_ in PRETRAINING_ARMS}
+    arms = [{"name": "random_domain", "random_like": export["domain_120"]},
+            {"name": "domain_120", "init": export["domain_120"]},
+            {"name": "random_general", "random_like": export["general_120"]},
+            {"name": "general_120", "init": export["general_120"]}]
+    arms += [{"name": arm, "init": export[arm]} for arm in ("domain_60", "general_60", "domain_60_other")]
+    return [arm for arm in arms if Path(arm.get("init") or arm["random_like"]).is_dir()]
+
+
+def stage_finetune(out: Path, shared_data: Path, quick: bool, only: list[str] | None) -> None:
+    from study_tasks import run_arm
+
+    for arm in downstream_arms(out):
+        if not only or arm["name"] in only:
+            run_arm(arm, shared_data, out, quick=quick)
+
+
+def stage_report(out: Path) -> None:
+    from study_report import build_report
+
+    runs = {arm: out / "pretrain" / arm for arm, *_ in PRETRAINING_ARMS if (out / "pretrain" / arm).is_dir()}
+    print(build_report(out, runs))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", nargs="?", choices=STAGES, help="one stage (with --quick: default all of them)")
+    parser.add_argument("--quick", action="store_true", help="every stage at a tiny scale, in minutes")
+    parser.add_argument("--arms", nargs="+", help="pretrain / finetune: only these arms")
+    parser.add_argument("--out", type=Path, default=None, help="default outputs/study (outputs/study_quick)")
     add_shared_data_flag(parser)
-    parser.add_argument("--run", type=Path, default=None, help="a finished cpu_hour run (default: pre-train one)")
-    parser.add_argument("--minutes", type=float, nargs="+", default=[0, 15, 30, 60])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "outputs" / "bench_downstream")
     args = parser.parse_args()
-    shared_data = shared_path(args, "downstream").parent
-    glue = shared_data / "downstream" / "glue"
-    out = args.out.resolve()
+    shared_data = shared_path(args, "corpora").parent
+    out = (args.out or REPO_ROOT / "outputs" / ("study_quick" if args.quick else "study")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    run = args.run.resolve() if args.run else pretrain(shared_data, out)
-    results_path = out / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    for minutes in args.minutes:
-        for seed in args.seeds:
-            done = results.setdefault(f"{minutes:g}", {})
-            if str(seed) in done:
-                continue
-            init = init_of(run, minutes, seed, out)
-            print(f"{minutes:g} min, seed {seed}: {init}", flush=True)
-            done[str(seed)] = run_suite(init, glue, seed, out / f"{minutes:g}min-seed{seed}")
-            print(f"  {done[str(seed)]}", flush=True)
-            results_path.write_text(json.dumps(results, indent=1))
-    table, verdict = report(results, args.minutes, args.seeds)
-    figure = plot(results, args.minutes, args.seeds, out / "downstream_curve.png")
-    text = "\n".join([table, "", *verdict, "", f"figure: {figure}", f"run: {run}"])
-    (out / "report.md").write_text(text + "\n")
-    print(text)
+    if args.quick:
+        (out / "QUICK").write_text("the quick chain's outputs: tiny corpora and budgets, not the study's\n")
+    if args.stage is None and not args.quick:
+        parser.error("name a stage, or --quick for the whole chain")
+    for stage in [args.stage] if args.stage else STAGES:
+        print(f"== {stage}", flush=True)
+        if stage == "corpora":
+            stage_corpora(out, shared_data, args.quick)
+        elif stage == "calibrate":
+            stage_calibrate(out, args.quick)
+        elif stage == "search":
+            stage_search(out, shared_data, args.quick)
+        elif stage == "pretrain":
+            stage_pretrain(out, args.quick, args.arms)
+        elif stage == "finetune":
+            stage_finetune(out, shared_data, args.quick, args.arms)
+        else:
+            stage_report(out)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Is what fine-tuning starts from the pre-trained model? A check behind bench_downstream.py's comparison.
+"""Is what fine-tuning starts from the pre-trained model? A check behind bench_cpu_hour_curve.py's comparison.
 
     python benchmarks/check_handover.py outputs/pretrain_mini_lr3e-4 [--batches 20]
 

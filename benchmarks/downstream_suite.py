@@ -1,4 +1,4 @@
-"""The four downstream measures of benchmarks/bench_downstream.py, for one encoder and one seed.
+"""The four downstream measures of benchmarks/bench_cpu_hour_curve.py, for one encoder and one seed.
 
 Settings fixed before the first pre-trained point ran, the same for every checkpoint, random initialisation included.
 The rate is the README demo's rate for BERT-tiny, 5e-4 (compact models fine-tune with larger rates than BERT-Base's

@@ -36,11 +36,13 @@ class Document:
          document is seeded from it, so it must not depend on arrival order or on where the corpus lies.
     paragraphs: clean blocks of running text, each to be split into sentences.
     presplit: True for the reference's own input format, where each entry is already one sentence.
+    title: the article's title where the input has one (Wikipedia); metadata only, never part of the text.
     """
 
     key: str
     paragraphs: tuple[str, ...]
     presplit: bool = False
+    title: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,7 +86,7 @@ def _finish(article: _Article, source_name: str, ordinal: int) -> Document | Ski
         return Skip(SkipReason.EMPTY_DOCUMENT.value, source_name, detail=article.label())
     if is_disambiguation(article.title, paragraphs):
         return Skip(SkipReason.DISAMBIGUATION.value, source_name, detail=article.label())
-    return Document(f"{source_name}:{ordinal}", tuple(paragraphs), presplit=False)
+    return Document(f"{source_name}:{ordinal}", tuple(paragraphs), presplit=False, title=article.title)
 
 
 def read_wikiextractor(path: str, source_name: str) -> Iterator[Document | Skip]:

@@ -333,7 +333,7 @@ class _WikiReader:
             return Skip(SkipReason.MALFORMED_RECORD.value, self.source, detail=f"{title}: wikitext parser: {error}")
         if not paragraphs:
             return Skip(SkipReason.EMPTY_DOCUMENT.value, self.source, detail=title)
-        document = Document(f"{self.source}:{self.ordinal}", paragraphs, presplit=False)
+        document = Document(f"{self.source}:{self.ordinal}", paragraphs, presplit=False, title=title)
         self.ordinal += 1
         return document
 
