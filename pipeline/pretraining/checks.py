@@ -97,6 +97,18 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
 
 
+def check_export(cfg: DictConfig) -> None:
+    """Under DeepSpeed the Hugging Face export reads the fp32 master weights from the final checkpoint (the module's
+    own copies are bf16 in DeepSpeed's bf16 mode, partitioned under ZeRO-3): it needs checkpoints/last.ckpt."""
+    strategy = cfg.get("strategy") or {}
+    fast_dev_run = bool((cfg.get("trainer") or {}).get("fast_dev_run"))
+    if (strategy.get("name") == "deepspeed" and (cfg.get("export") or {}).get("hf", True) and not fast_dev_run
+            and not cfg.callbacks.checkpoint.get("save_last", True)):
+        raise ValueError("export.hf=true under DeepSpeed exports the fp32 master weights from the run's final "
+                         "checkpoint, and callbacks.checkpoint.save_last=false writes none: set "
+                         "callbacks.checkpoint.save_last=true, or export.hf=false")
+
+
 def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, accumulation: int) -> dict[str, Any]:
     """The Trainer's validation arguments for validation.*, after checking that the held-out set fits the model
     and was tokenized with the training set's vocabulary (else its accuracy would measure another task)."""
@@ -163,6 +175,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
         raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     check_strategy_and_optimizer(cfg)
+    check_export(cfg)
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
                           accumulate_grad_batches=accumulation)

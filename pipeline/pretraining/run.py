@@ -128,7 +128,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
             result["plot"] = str(plot_pretraining_curves(csv_path, output_dir))
     if cfg.export.get("hf", True) and not trainer.fast_dev_run:
         model = module.model
-        if getattr(trainer.strategy, "zero_stage_3", False):   # parameters are partitioned: read the checkpoint
+        if isinstance(trainer.strategy, DeepSpeedStrategy):
+            # The weights trained are the fp32 master weights in the optimizer's partitions: the module holds bf16
+            # copies under DeepSpeed's bf16 mode, and under ZeRO-3 only its partition. zero_to_fp32 consolidates
+            # them from the final checkpoint (preflight refuses a DeepSpeed export without one).
             model = BertForPreTraining(plan.model_config)
             load_pretraining_weights(model, last_checkpoint)
         result["hf_export"] = str(export_model(model, output_dir, cfg.data.path))

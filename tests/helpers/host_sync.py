@@ -29,19 +29,22 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRODUCT_CODE = tuple(str(REPO_ROOT / package) + "/" for package in ("model", "pipeline"))
+LIGHTNING_DRIVERS = tuple(str(Path(pl.__file__).parent / part) + "/" for part in ("loops", "trainer"))
 _TORCH_FUNCTIONS = ("tensor", "as_tensor")
 _TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
 
 def product_caller(depth: int = 2) -> str | None:
-    """'file:line' of the innermost frame of the pipeline's own code on the stack above `depth` levels up (the
-    call itself, or the hook or forward it happens on behalf of: a library reading a metric for our progress bar),
-    else None."""
+    """'file:line' of the innermost frame of the pipeline's own code on the stack above `depth` levels up, up to
+    the Lightning loop or trainer that called into it: the call itself, or the hook or forward it happens on behalf
+    of (a library reading a metric for our progress bar); not train() driving the whole loop. Else None."""
     frame = sys._getframe(depth)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(PRODUCT_CODE):
             return f"{filename}:{frame.f_lineno}"
+        if filename.startswith(LIGHTNING_DRIVERS):
+            return None
         frame = frame.f_back
     return None
 
