@@ -17,7 +17,7 @@ from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_pa
 from pipeline.core import devices
 from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.loggers import check_logger_config
-from pipeline.core.optim import warmup_steps_of
+from pipeline.core.optim import check_optimizer_config, warmup_steps_of
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
 
@@ -84,12 +84,14 @@ def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
-    """LAMB under ZeRO: refused (its trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
+    """An optimizer the pipeline does not train with (pipeline/core/optim.py), and LAMB under ZeRO: refused (its
+    trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
+    check_optimizer_config(cfg.optimizer)
     strategy = cfg.get("strategy") or {}
     if strategy.get("name") != "deepspeed":
         return
     stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
-    if cfg.optimizer.name in ("lamb", "fused_lamb") and stage >= 1:
+    if cfg.optimizer.name == "lamb" and stage >= 1:
         raise ValueError(
             f"optimizer={cfg.optimizer.name} with DeepSpeed ZeRO stage {stage}: ZeRO hands the optimizer flattened "
             "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "

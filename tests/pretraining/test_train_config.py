@@ -116,6 +116,21 @@ def test_lamb_with_zero_is_refused():
     check_strategy_and_optimizer(compose("train", ["strategy=deepspeed_stage_2", "scheduler=poly_warmup"]))
 
 
+def test_deepspeeds_fused_lamb_is_refused_before_anything_runs_saying_why(monkeypatch):
+    """DeepSpeed's FusedLamb is another algorithm than the recipe's lamb (trust ratio on biases and LayerNorm, clamped
+    to [0.01, 10], bias correction) and needs nvcc: refused at preflight, on any device, under any strategy."""
+    from pipeline.core.optim import build_optimizer
+    from pipeline.pretraining.checks import preflight
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    why = r"optimizer=fused_lamb: DeepSpeed's FusedLamb is not this pipeline's LAMB .* biases and LayerNorm .* \[0\.01, 10\]"
+    for overrides in (["optimizer=fused_lamb"], ["+experiment=bert_large", "optimizer=fused_lamb", "trainer.devices=8"]):
+        with pytest.raises(ValueError, match=why):
+            preflight(compose("train", overrides), world_size=8)
+    with pytest.raises(ValueError, match=why):
+        build_optimizer(tiny_model(), {"name": "fused_lamb", "lr": 1e-3})
+
+
 # ---------------------------------------------------------------------------------------------------------
 # optimizers and schedules
 
