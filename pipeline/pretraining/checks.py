@@ -33,6 +33,7 @@ def model_config_of(cfg: DictConfig) -> BertConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
+    fields.pop("compile", None)          # how the encoder runs (torch.compile), not what it is
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
     return BertConfig.from_preset(name, **fields)
@@ -97,6 +98,17 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
             "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """model.compile under ZeRO-3: refused. ZeRO-3 gathers each module's parameters in forward hooks, which
+    torch.compile of the encoder would have to trace through (DeepSpeed compiles its own engine for that)."""
+    strategy = cfg.get("strategy") or {}
+    stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
+    if cfg.model.get("compile") and strategy.get("name") == "deepspeed" and stage == 3:
+        raise ValueError("model.compile=true with DeepSpeed ZeRO-3: ZeRO-3 gathers each layer's parameters in module "
+                         "hooks that torch.compile of the encoder would trace through; compile under ddp or ZeRO-1/2, "
+                         "or set model.compile=false")
 
 
 def check_export(cfg: DictConfig) -> None:
@@ -178,6 +190,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     check_strategy_and_optimizer(cfg)
     check_export(cfg)
+    check_compile(cfg)
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
                           accumulate_grad_batches=accumulation)

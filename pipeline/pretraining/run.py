@@ -93,6 +93,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
         max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed))
+    if cfg.model.get("compile"):
+        module.model.bert.compile()   # in place: the parameters and their checkpoint names stay the module's own
     if plan.init_from is not None and plan.ckpt_path is None:
         load_pretraining_weights(module.model, plan.init_from)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
