@@ -22,15 +22,19 @@ The DeepSpeed config is built by `deepspeed_config`, a pure function, from one p
     gradient_accumulation_steps         <- the Trainer's accumulate_grad_batches
 
 bf16-mixed under DeepSpeed trains with DDP's numerics. DeepSpeed's own bf16 mode (`bf16.enabled`) is not mixed
-precision as torch.autocast is: it casts the parameters to bf16 in place, runs the whole forward in bf16 (Lightning's
-DeepSpeed precision plugin opens no autocast), and accumulates and reduces the gradients in bf16. So bf16-mixed is
-built on DeepSpeed's `torch_autocast` section instead: the parameters stay fp32, the forward runs under
-torch.autocast(bfloat16) exactly as Lightning's bf16-mixed does under DDP (matmuls in bf16; LayerNorm, softmax and
-the loss in fp32), and the gradients are fp32, accumulated and reduced in fp32 (`lower_precision_safe_modules: []`:
-no parameter is marked for bf16 communication; `communication_data_type` and `data_types.grad_accum_dtype` say fp32
-besides). The memory cost against DeepSpeed's bf16 mode is the fp32 parameters' 2 extra bytes per parameter on each
-rank, as under DDP. bf16-true keeps DeepSpeed's bf16 mode (bf16 parameters, as that precision means), with the
-gradients accumulated and reduced in fp32. 16-mixed is DeepSpeed's fp16 mode with dynamic loss scaling, unchanged.
+precision as torch.autocast is: it casts the parameters to bf16 in place, runs the whole forward in bf16
+(Lightning's DeepSpeed precision plugin opens no autocast), and accumulates and reduces the gradients in bf16. So
+bf16-mixed is built on DeepSpeed's `torch_autocast` section instead: the parameters stay fp32, the forward runs
+under torch.autocast(bfloat16) exactly as Lightning's bf16-mixed does under DDP (the matmuls in bf16, what autocast
+keeps in fp32 in fp32), and the gradients are fp32, accumulated and reduced in fp32 (`lower_precision_safe_modules:
+[]`: no parameter is marked for bf16 communication; `communication_data_type` and `data_types.grad_accum_dtype` say
+fp32 besides). The cost against DeepSpeed's bf16 mode: 2 more bytes for each parameter a rank holds (all of them
+under ZeRO-1/2, as under DDP; its partition under ZeRO-3), and under ZeRO-3 parameter all-gathers of fp32, twice the
+bytes (autocast casts each weight to bf16 for its matmul as it does under DDP). bf16-true is DeepSpeed's bf16 mode
+(bf16 weights, forward and gradients, as that precision means; the optimizer keeps fp32 master weights, which the
+export takes). Its gradients stay bf16: DeepSpeed's fp32 accumulation would switch ZeRO-1 to its BF16_Optimizer,
+whose checkpoints zero_to_fp32 cannot consolidate. 16-mixed is DeepSpeed's fp16 mode with dynamic loss scaling,
+unchanged.
 """
 from __future__ import annotations
 
@@ -109,8 +113,7 @@ def resolve_accelerator(accelerator: str = "auto") -> str:
 
 def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The precision sections for a Trainer precision (see the module docstring): bf16-mixed -> torch_autocast in
-    bf16 with fp32 gradients; bf16-true -> DeepSpeed's bf16 mode with fp32 gradient accumulation and communication;
-    16-mixed -> fp16 with dynamic loss scaling (loss_scale 0); 32 -> neither. `bf16` and `fp16` are always present,
+    bf16 with fp32 gradients; bf16-true -> DeepSpeed's bf16 mode; 16-mixed -> fp16 with dynamic loss scaling (loss_scale 0); 32 -> neither. `bf16` and `fp16` are always present,
     so Lightning adds nothing of its own."""
     key = str(precision)
     if key not in _PRECISIONS:
@@ -128,7 +131,7 @@ def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | N
     sections: dict[str, Any] = {"bf16": {"enabled": mode == "bf16"}, "fp16": fp16_section}
     if mode == "autocast":
         sections.update(copy.deepcopy(_AUTOCAST_BF16))
-    if mode in ("autocast", "bf16"):
+    if mode == "autocast":
         sections.update(copy.deepcopy(_FP32_GRADIENTS))
     return sections
 

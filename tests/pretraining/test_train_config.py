@@ -123,8 +123,10 @@ def test_deepspeeds_fused_lamb_is_refused_before_anything_runs_saying_why(monkey
     from pipeline.pretraining.checks import preflight
 
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
-    why = r"optimizer=fused_lamb: DeepSpeed's FusedLamb is not this pipeline's LAMB .* biases and LayerNorm .* \[0\.01, 10\]"
-    for overrides in (["optimizer=fused_lamb"], ["+experiment=bert_large", "optimizer=fused_lamb", "trainer.devices=8"]):
+    why = (r"optimizer=fused_lamb: DeepSpeed's FusedLamb is not this pipeline's LAMB .* biases and LayerNorm .* "
+           r"\[0\.01, 10\]")
+    for overrides in (["optimizer=fused_lamb"],
+                      ["+experiment=bert_large", "optimizer=fused_lamb", "trainer.devices=8"]):
         with pytest.raises(ValueError, match=why):
             preflight(compose("train", overrides), world_size=8)
     with pytest.raises(ValueError, match=why):

@@ -18,10 +18,11 @@ result.
 A batch whose rows all fill its width has no attention_mask: the model then passes no mask to
 scaled_dot_product_attention, which can take its flash kernel only without one (any mask, even all ones, sends it to
 the memory-efficient or math kernel). Decided here, on the host, from the rows' lengths: the model would need a
-device-to-host read (mask.all()) to find out. In phase-1 data about 80% of the rows are full (google-research/bert
-makes 10% short on purpose, and a document's last instance is often short), so it applies to small micro-batches
-only: on the bundled sample (seq 128; 80% of its rows full), 17% of random micro-batches of 8 have no padding,
-0.06% of 32, none of 64. Larger batches get the flash kernel only from unpadding, which the model does not do.
+device-to-host read (mask.all()) to find out. It applies to small micro-batches only: on the bundled sample (seq
+128, Wikipedia pages and books) 80% of the rows are full (google-research/bert draws a short target length for 10%
+of the documents, and a document's last instance is often short), and 17% of random micro-batches of 8 have no
+padding, 0.06% of 32, none of 64. Larger batches would need unpadding for the flash kernel, and torch 2.13's varlen
+attention (torch.nn.attention.varlen.varlen_attn, CUDA only) has no dropout, which BERT's attention trains with.
 
 Everything is whole-array numpy: gathers with (B, T) index arrays, no loop over rows.
 """
