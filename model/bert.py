@@ -277,9 +277,10 @@ class _SummedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: torch.Tensor):
         log_probs, labels, counted = ctx.saved_tensors
         grad = log_probs.exp_()  # softmax, (N, K)
-        # -1 at each row's label. The -1 is made on the device (a fill): torch.tensor(-1.0, device=...) would be a
-        # host-to-device copy, which on a GPU waits for all the work queued before it, in every backward.
-        grad.scatter_add_(1, labels[:, None], grad.new_full((grad.shape[0], 1), -1.0))
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        # -1 at each row's label, made on the device (a fill): torch.tensor(-1.0, device=...) would be a host-to-device
+        # copy, which on a GPU waits for all the work queued before it, in every backward.
+        grad.index_put_((rows, labels), grad.new_full((), -1.0), accumulate=True)
         grad.mul_(counted.to(grad.dtype).mul_(grad_loss)[:, None])  # d loss / d logits = g * (softmax - one_hot)
         return grad, None
 
