@@ -117,7 +117,7 @@ def check_export(cfg: DictConfig) -> None:
     strategy = cfg.get("strategy") or {}
     fast_dev_run = bool((cfg.get("trainer") or {}).get("fast_dev_run"))
     if (strategy.get("name") == "deepspeed" and (cfg.get("export") or {}).get("hf", True) and not fast_dev_run
-            and not cfg.callbacks.checkpoint.get("save_last", True)):
+            and not ((cfg.get("callbacks") or {}).get("checkpoint") or {}).get("save_last", True)):
         raise ValueError("export.hf=true under DeepSpeed exports the fp32 master weights from the run's final "
                          "checkpoint, and callbacks.checkpoint.save_last=false writes none: set "
                          "callbacks.checkpoint.save_last=true, or export.hf=false")
