@@ -1,7 +1,8 @@
 """One BERT pre-training step on the CPU: our model/ against transformers.BertForPreTraining (SDPA attention).
 
     python benchmarks/bench_train_step.py [--preset mini] [--batch 32] [--seq 128] [--steps 10] [--warmup 3]
-                                          [--threads 2] [--compile] [--profile]
+                                          [--threads 2] [--compile | --compare-compile] [--short-fraction F]
+                                          [--skip-hf] [--profile]
 
 Both models are built from one config and hold the same weights (transformers' random init, loaded into ours
 with model.hf_conversion.from_hf_state_dict). A step is forward, backward, gradient clipping to 1.0 and a torch
@@ -10,9 +11,13 @@ it runs on the CPU, else foreach), with the same settings on both sides. transfo
 vocabulary with (B, T) MLM labels (-100 where nothing is predicted); ours takes masked_positions (B, P) and
 labels (B, P) and scores the P masked positions only.
 
-The batch looks like BERT phase-1 input: most rows full, a few shorter ones padded (attention_mask 0), two
-segments per row (token types 0 then 1), 20 masked positions per full row (fewer on a short row: 15% of its
-tokens, the rest of the 20 slots padding with label -100), and NSP labels.
+The batch looks like BERT phase-1 input: most rows full, a few shorter ones padded (attention_mask 0; a share of
+--short-fraction, default 1/8), two segments per row (token types 0 then 1), 20 masked positions per full row (fewer on
+a short row: 15% of its tokens, the rest of the 20 slots padding with label -100), and NSP labels. With
+--short-fraction 0 every row is full and ours gets no attention mask, as the pipeline's collator sends none then.
+
+--compile compiles our encoder as model.compile=true does (BertModel.compile(), in place); --compare-compile times
+our model eager and compiled side by side and prints the ratio compiled / eager.
 
 Before timing, a parity check with dropout off (config copies with dropout 0, same weights): the losses of two
 consecutive training steps, so the second also checks the gradients and the optimizer update. The timed steps
@@ -112,8 +117,10 @@ def hf_loss(model, batch):
 
 
 def our_loss(model, batch):
+    no_padding = all(n == batch["input_ids"].shape[1] for n in batch["lengths"])   # the collator sends no mask then
     return model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                 attention_mask=batch["attention_mask"], masked_positions=batch["masked_positions"],
+                 attention_mask=None if no_padding else batch["attention_mask"],
+                 masked_positions=batch["masked_positions"],
                  masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=batch["next_sentence_labels"]).loss
 
 
@@ -169,7 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile", action="store_true", help="torch.compile our model (optional)")
+    parser.add_argument("--compile", action="store_true", help="our encoder compiled, as model.compile=true")
+    parser.add_argument("--compare-compile", action="store_true",
+                        help="time ours eager and ours compiled side by side (ratio compiled / eager)")
+    parser.add_argument("--short-fraction", type=float, default=0.125,
+                        help="share of short (padded) rows; 0: no padding, no attention mask for ours")
     parser.add_argument("--skip-hf", action="store_true", help="time ours only (no ratio)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of both")
     args = parser.parse_args(argv)
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     import transformers
     config = BertConfig.from_preset(args.preset)
-    batch = make_batch(config.vocab_size, args.batch, args.seq, args.max_predictions, args.seed)
+    batch = make_batch(config.vocab_size, args.batch, args.seq, args.max_predictions, args.seed, args.short_fraction)
     opt_kwargs = optimizer_kwargs()
     B, T = args.batch, args.seq
     short = sorted(n for n in batch["lengths"] if n < T)
@@ -187,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"config: {args.preset} {config}")
     print(f"batch: B={B} T={T}, {B - len(short)} full rows, short rows of lengths {short}; "
           f"{int((batch['masked_lm_labels'] != IGNORE).sum())} masked positions in {args.max_predictions} slots/row; "
-          f"AdamW(lr 1e-4, wd 0.01, {opt_kwargs}), clip 1.0; compile={args.compile}")
+          f"AdamW(lr 1e-4, wd 0.01, {opt_kwargs}), clip 1.0; compile={args.compile}, "
+          f"compare-compile={args.compare_compile}")
 
     # Parity with dropout off.
     losses = parity(config, batch, opt_kwargs, args.seed)
@@ -200,8 +212,13 @@ def main(argv: list[str] | None = None) -> None:
     # Timing with dropout on.
     hf, ours = build(config, args.seed)
     hf.train(), ours.train()
-    step_model = torch.compile(ours) if args.compile else ours
-    contenders = {"hf": (hf, hf_loss), "ours": (step_model, our_loss)}
+    if args.compile:
+        ours.bert.compile()
+    contenders = {"hf": (hf, hf_loss), "ours": (ours, our_loss)}
+    if args.compare_compile:   # a second copy of our model, the same weights, its encoder compiled
+        compiled = build(config, args.seed)[1].train()
+        compiled.bert.compile()
+        contenders["compiled"] = (compiled, our_loss)
     if args.skip_hf:
         del contenders["hf"]
     state = {name: (model, fn, make_optimizer(model, opt_kwargs), list(model.parameters()))
@@ -223,11 +240,15 @@ def main(argv: list[str] | None = None) -> None:
         median = statistics.median(ts)
         results[name] = B * T / median
         # CPU time (all threads) is less sensitive than wall time to other processes on a shared machine.
-        print(f"{name:5s} median step {median * 1000:8.1f} ms  (min {min(ts) * 1000:.1f}, max {max(ts) * 1000:.1f}, "
+        print(f"{name:8s} median step {median * 1000:8.1f} ms  (min {min(ts) * 1000:.1f}, max {max(ts) * 1000:.1f}, "
               f"n={len(ts)})  {results[name]:8.0f} tokens/s (B*T, padding included);  "
               f"CPU time/step {statistics.median(cpu_times[name]) * 1000:.0f} ms")
     if "hf" in results:
         print(f"ratio ours / hf: {results['ours'] / results['hf']:.2f}x")
+    if "compiled" in results:
+        print(f"ratio compiled / eager (ours): {results['compiled'] / results['ours']:.2f}x")
+        if "hf" in results:
+            print(f"ratio compiled / hf: {results['compiled'] / results['hf']:.2f}x")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
     if args.profile:

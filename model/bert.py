@@ -279,7 +279,9 @@ class _SummedCrossEntropy(torch.autograd.Function):
         log_probs, labels, counted = ctx.saved_tensors
         grad = log_probs.exp_()  # softmax, (N, K)
         rows = torch.arange(grad.shape[0], device=grad.device)
-        grad.index_put_((rows, labels), torch.tensor(-1.0, dtype=grad.dtype, device=grad.device), accumulate=True)
+        # -1 at each row's label, made on the device (a fill): torch.tensor(-1.0, device=...) would be a host-to-device
+        # copy, which on a GPU waits for all the work queued before it, in every backward.
+        grad.index_put_((rows, labels), grad.new_full((), -1.0), accumulate=True)
         grad.mul_(counted.to(grad.dtype).mul_(grad_loss)[:, None])  # d loss / d logits = g * (softmax - one_hot)
         return grad, None
 

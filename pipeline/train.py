@@ -2,7 +2,7 @@
 
     python pipeline/train.py                                  # tiny BERT, CPU, bundled sample, a few minutes
     python pipeline/train.py model=mini trainer.max_steps=2000 optimizer.lr=3e-4
-    python pipeline/train.py +experiment=bert_base            # the paper's BERT-base phase 1, GPUs, DeepSpeed
+    python pipeline/train.py +experiment=bert_base            # the paper's BERT-base phase 1, GPUs, DDP
     python pipeline/train.py +experiment=bert_large_phase2 init_from_checkpoint=<phase-1 run>/checkpoints/last.ckpt
     python pipeline/train.py +debug=dryrun                    # every stage of the pipeline in a few seconds
     python pipeline/train.py ckpt_path=last hydra.run.dir=<run>   # resume a run, same logs

@@ -14,7 +14,12 @@ Optimizers (`optimizer.name`):
   default divides the step, after the trust ratio, by 1 - beta1^t): the trust ratio makes an adapted tensor's step
   lr * ||w|| either way, and in the first few thousand steps the weight-decay term weighs less against the Adam
   term than in apex (by sqrt(1 - beta2^t) / (1 - beta1^t): 0.32 at step 1, 0.8 at step 1,000).
-- fused_lamb: deepspeed.ops.lamb.FusedLamb, DeepSpeed's CUDA kernel (CUDA only).
+- fused_lamb: refused (check_optimizer_config). DeepSpeed's FusedLamb (deepspeed.ops.lamb) is another algorithm than
+  the lamb above, NVIDIA's recipe: its CUDA kernel (fused_lamb_cuda_kernel.cu) applies the trust ratio to every
+  tensor, biases and LayerNorm included, clamps it to [min_coeff, max_coeff] = [0.01, 10] and bias-corrects the
+  step, and none of this can be switched off; it also JIT-compiles that kernel with nvcc at its first use. A run
+  configured with it would train another recipe than the one measured and reported for lamb. lamb is the one LAMB,
+  on every device.
 Under DeepSpeed ZeRO-Offload (the optimizer step on the CPU) AdamW is deepspeed.ops.adam.DeepSpeedCPUAdam, the same
 update over the same groups: DeepSpeed takes no other optimizer there.
 
@@ -29,7 +34,13 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
-OPTIMIZERS = ("adamw", "lamb", "fused_lamb")
+OPTIMIZERS = ("adamw", "lamb")
+REFUSED_OPTIMIZERS = {
+    "fused_lamb": "DeepSpeed's FusedLamb is not this pipeline's LAMB (optimizer=lamb, NVIDIA's BERT recipe): its "
+                  "kernel applies the trust ratio to biases and LayerNorm too, clamps it to [0.01, 10] and "
+                  "bias-corrects the step, none of which can be switched off, and it compiles with nvcc at its first "
+                  "step. Use optimizer=lamb (the same update on the CPU and on GPUs)",
+}
 SCHEDULERS = ("linear_warmup",)
 
 
@@ -61,10 +72,20 @@ def clips_under_mixed_precision(trainer: Any) -> bool:
     return isinstance(trainer.precision_plugin, MixedPrecision) and bool(trainer.gradient_clip_val)
 
 
+def check_optimizer_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse an optimizer this pipeline does not train with, saying why (before anything runs)."""
+    name = cfg.get("name")
+    if name in REFUSED_OPTIMIZERS:
+        raise ValueError(f"optimizer={name}: {REFUSED_OPTIMIZERS[name]}")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
 def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = False,
                     lightning_clips_amp: bool = False) -> torch.optim.Optimizer:
     """offload: the strategy steps the optimizer on the CPU (DeepSpeed ZeRO-Offload). lightning_clips_amp:
     clips_under_mixed_precision(trainer), where torch's fused AdamW cannot be used."""
+    check_optimizer_config(cfg)
     name = cfg["name"]
     lr, weight_decay = float(cfg["lr"]), float(cfg.get("weight_decay", 0.0))
     betas = tuple(float(b) for b in cfg.get("betas", (0.9, 0.999)))
@@ -102,13 +123,6 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = Fa
                          grad_averaging=True, max_grad_norm=0.0, pre_norm=False, adam_debias=True)
         optimizer.clamp = float(cfg.get("trust_clamp", 10.0))
         return optimizer
-    if name == "fused_lamb":
-        if not torch.cuda.is_available():
-            raise RuntimeError("optimizer=fused_lamb is DeepSpeed's CUDA kernel and needs a GPU; "
-                               "use optimizer=lamb on the CPU")
-        from deepspeed.ops.lamb import FusedLamb
-        return FusedLamb(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         max_coeff=float(cfg.get("max_coeff", 10.0)), min_coeff=float(cfg.get("min_coeff", 0.01)))
     raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
 
 

@@ -16,13 +16,29 @@ optimizer step runs on the CPU, so the optimizer built for it is DeepSpeedCPUAda
 
 The DeepSpeed config is built by `deepspeed_config`, a pure function, from one place each:
     ZeRO section, buckets, offload      <- the strategy file (`zero_optimization`, verbatim)
-    bf16 / fp16 (+ dynamic loss scale)  <- the Trainer's precision
+    precision sections                  <- the Trainer's precision (`precision_sections`, below)
     gradient_clipping                   <- the training config's gradient_clip_val
     train_micro_batch_size_per_gpu      <- the data config's per-device batch size
     gradient_accumulation_steps         <- the Trainer's accumulate_grad_batches
+
+bf16-mixed under DeepSpeed trains with DDP's numerics. DeepSpeed's own bf16 mode (`bf16.enabled`) is not mixed
+precision as torch.autocast is: it casts the parameters to bf16 in place, runs the whole forward in bf16
+(Lightning's DeepSpeed precision plugin opens no autocast), and accumulates and reduces the gradients in bf16. So
+bf16-mixed is built on DeepSpeed's `torch_autocast` section instead: the parameters stay fp32, the forward runs
+under torch.autocast(bfloat16) exactly as Lightning's bf16-mixed does under DDP (the matmuls in bf16, what autocast
+keeps in fp32 in fp32), and the gradients are fp32, accumulated and reduced in fp32 (`lower_precision_safe_modules:
+[]`: no parameter is marked for bf16 communication; `communication_data_type` and `data_types.grad_accum_dtype` say
+fp32 besides). The cost against DeepSpeed's bf16 mode: 2 more bytes for each parameter a rank holds (all of them
+under ZeRO-1/2, as under DDP; its partition under ZeRO-3), and under ZeRO-3 parameter all-gathers of fp32, twice the
+bytes (autocast casts each weight to bf16 for its matmul as it does under DDP). bf16-true is DeepSpeed's bf16 mode
+(bf16 weights, forward and gradients, as that precision means; the optimizer keeps fp32 master weights, which the
+export takes). Its gradients stay bf16: DeepSpeed's fp32 accumulation would switch ZeRO-1 to its BF16_Optimizer,
+whose checkpoints zero_to_fp32 cannot consolidate. 16-mixed is DeepSpeed's fp16 mode with dynamic loss scaling,
+unchanged.
 """
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -44,12 +60,18 @@ _STRATEGY_KEYS = {
 }
 _LOSS_SCALING_KEYS = {"initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"}
 
-# Trainer precision -> (bf16 enabled, fp16 enabled)
+# Trainer precision -> DeepSpeed's mode: "autocast" (torch.autocast in bf16 over fp32 parameters, DDP's bf16-mixed),
+# "bf16" / "fp16" (DeepSpeed casts the parameters), or None (fp32). Lightning reads "bf16" and "16" as the -mixed ones.
 _PRECISIONS = {
-    "bf16-mixed": (True, False), "bf16-true": (True, False), "bf16": (True, False),
-    "16-mixed": (False, True), "16-true": (False, True), "16": (False, True),
-    "32-true": (False, False), "32": (False, False),
+    "bf16-mixed": "autocast", "bf16": "autocast", "bf16-true": "bf16",
+    "16-mixed": "fp16", "16-true": "fp16", "16": "fp16",
+    "32-true": None, "32": None,
 }
+# What torch.autocast in bf16 needs from DeepSpeed: no module's parameters communicated in bf16 (DeepSpeed's default
+# list, torch.nn.Linear among them, would reduce their gradients in bf16), and fp32 gradient accumulation and
+# communication stated outright.
+_AUTOCAST_BF16 = {"torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
+_FP32_GRADIENTS = {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
@@ -90,14 +112,15 @@ def resolve_accelerator(accelerator: str = "auto") -> str:
 
 
 def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """`bf16` and `fp16` sections for a Trainer precision: bf16-mixed -> bf16, 16-mixed -> fp16 with dynamic loss
-    scaling (loss_scale 0), 32 -> neither. Both keys are always present, so Lightning adds nothing of its own."""
+    """The precision sections for a Trainer precision (see the module docstring): bf16-mixed -> torch_autocast in
+    bf16 with fp32 gradients; bf16-true -> DeepSpeed's bf16 mode; 16-mixed -> fp16 with dynamic loss scaling (loss_scale 0); 32 -> neither. `bf16` and `fp16` are always present,
+    so Lightning adds nothing of its own."""
     key = str(precision)
     if key not in _PRECISIONS:
         raise ValueError(f"precision {precision!r} is not supported with DeepSpeed; use one of {sorted(_PRECISIONS)}")
-    bf16, fp16 = _PRECISIONS[key]
+    mode = _PRECISIONS[key]
     fp16_section: dict[str, Any] = {"enabled": False}
-    if fp16:
+    if mode == "fp16":
         scaling = dict(loss_scaling or {})
         unknown = set(scaling) - _LOSS_SCALING_KEYS
         missing = _LOSS_SCALING_KEYS - set(scaling)
@@ -105,7 +128,12 @@ def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | N
             raise ValueError(f"strategy.loss_scaling needs exactly {sorted(_LOSS_SCALING_KEYS)} "
                              f"(missing {sorted(missing)}, unknown {sorted(unknown)})")
         fp16_section = {"enabled": True, "loss_scale": 0, **{k: scaling[k] for k in sorted(_LOSS_SCALING_KEYS)}}
-    return {"bf16": {"enabled": bf16}, "fp16": fp16_section}
+    sections: dict[str, Any] = {"bf16": {"enabled": mode == "bf16"}, "fp16": fp16_section}
+    if mode == "autocast":
+        sections.update(copy.deepcopy(_AUTOCAST_BF16))
+    if mode == "autocast":
+        sections.update(copy.deepcopy(_FP32_GRADIENTS))
+    return sections
 
 
 def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,

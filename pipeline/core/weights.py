@@ -112,16 +112,35 @@ def _from_hf_dir(path: Path) -> Pretrained:
 # our checkpoints
 
 def _is_deepspeed_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "latest").is_file() and any(path.glob("*/mp_rank_*_model_states.pt"))
+    """A DeepSpeed checkpoint directory: its `latest` tag names a directory of model-state files, one
+    `mp_rank_00_model_states.pt` under ZeRO-1/2, one `zero_pp_rank_{r}_mp_rank_00_model_states.pt` per rank under
+    ZeRO-3 (DeepSpeed's own glob, zero_to_fp32.get_model_state_files, finds both)."""
+    return _deepspeed_model_states(path) is not None
+
+
+def _deepspeed_model_states(path: Path) -> list[str] | None:
+    latest = path / "latest"
+    if not path.is_dir() or not latest.is_file():
+        return None
+    tag_dir = path / latest.read_text().strip()
+    if not tag_dir.is_dir():
+        return None
+    from deepspeed.utils.zero_to_fp32 import get_model_state_files   # imported only for a DeepSpeed directory
+
+    try:
+        return get_model_state_files(str(tag_dir))
+    except FileNotFoundError:
+        return None
 
 
 def _from_deepspeed_dir(path: Path, find_tokenizer: bool) -> Pretrained:
+    """The fp32 master weights (the optimizer's partitions, consolidated by DeepSpeed's zero_to_fp32), not the
+    module's copies, which are bf16 under DeepSpeed's bf16 mode."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    tag = (path / "latest").read_text().strip()
-    # Lightning puts its own checkpoint dict (hyper_parameters included) into DeepSpeed's client state.
-    client_state = torch.load(next((path / tag).glob("mp_rank_*_model_states.pt")), map_location="cpu",
-                              weights_only=False)
+    # Rank 0's model states (sorted first by get_model_state_files under either layout) hold Lightning's checkpoint
+    # dict (hyper_parameters included) in DeepSpeed's client state.
+    client_state = torch.load(_deepspeed_model_states(path)[0], map_location="cpu", weights_only=False)
     config = _model_config_of(client_state, path)
     state = get_fp32_state_dict_from_zero_checkpoint(str(path))
     return _split_module_state(f"DeepSpeed checkpoint {path}", config, state, _run_dir_of(path), find_tokenizer)

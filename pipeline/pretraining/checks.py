@@ -17,7 +17,7 @@ from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_pa
 from pipeline.core import devices
 from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.loggers import check_logger_config
-from pipeline.core.optim import warmup_steps_of
+from pipeline.core.optim import check_optimizer_config, warmup_steps_of
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
 
@@ -33,6 +33,7 @@ def model_config_of(cfg: DictConfig) -> BertConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
+    fields.pop("compile", None)          # how the encoder runs (torch.compile), not what it is
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
     return BertConfig.from_preset(name, **fields)
@@ -84,17 +85,42 @@ def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
-    """LAMB under ZeRO: refused (its trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
+    """An optimizer the pipeline does not train with (pipeline/core/optim.py), and LAMB under ZeRO: refused (its
+    trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
+    check_optimizer_config(cfg.optimizer)
     strategy = cfg.get("strategy") or {}
     if strategy.get("name") != "deepspeed":
         return
     stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
-    if cfg.optimizer.name in ("lamb", "fused_lamb") and stage >= 1:
+    if cfg.optimizer.name == "lamb" and stage >= 1:
         raise ValueError(
             f"optimizer={cfg.optimizer.name} with DeepSpeed ZeRO stage {stage}: ZeRO hands the optimizer flattened "
             "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
             "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
+
+
+def check_compile(cfg: DictConfig) -> None:
+    """model.compile under ZeRO-3: refused. ZeRO-3 gathers each module's parameters in forward hooks, which
+    torch.compile of the encoder would have to trace through (DeepSpeed compiles its own engine for that)."""
+    strategy = cfg.get("strategy") or {}
+    stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
+    if cfg.model.get("compile") and strategy.get("name") == "deepspeed" and stage == 3:
+        raise ValueError("model.compile=true with DeepSpeed ZeRO-3: ZeRO-3 gathers each layer's parameters in module "
+                         "hooks that torch.compile of the encoder would trace through; compile under ddp or ZeRO-1/2, "
+                         "or set model.compile=false")
+
+
+def check_export(cfg: DictConfig) -> None:
+    """Under DeepSpeed the Hugging Face export reads the fp32 master weights from the final checkpoint (the module's
+    own copies are bf16 in DeepSpeed's bf16 mode, partitioned under ZeRO-3): it needs checkpoints/last.ckpt."""
+    strategy = cfg.get("strategy") or {}
+    fast_dev_run = bool((cfg.get("trainer") or {}).get("fast_dev_run"))
+    if (strategy.get("name") == "deepspeed" and (cfg.get("export") or {}).get("hf", True) and not fast_dev_run
+            and not ((cfg.get("callbacks") or {}).get("checkpoint") or {}).get("save_last", True)):
+        raise ValueError("export.hf=true under DeepSpeed exports the fp32 master weights from the run's final "
+                         "checkpoint, and callbacks.checkpoint.save_last=false writes none: set "
+                         "callbacks.checkpoint.save_last=true, or export.hf=false")
 
 
 def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, accumulation: int) -> dict[str, Any]:
@@ -167,6 +193,8 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
         raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     check_strategy_and_optimizer(cfg)
+    check_export(cfg)
+    check_compile(cfg)
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
                           accumulate_grad_batches=accumulation)

@@ -94,6 +94,8 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
         max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed),
         next_sentence_prediction=plan.shard_set.has_next_sentence_labels)   # the objective: the manifest's word
+    if cfg.model.get("compile"):
+        module.model.bert.compile()   # in place: the parameters and their checkpoint names stay the module's own
     if plan.init_from is not None and plan.ckpt_path is None:
         load_pretraining_weights(module.model, plan.init_from)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
@@ -129,7 +131,10 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
             result["plot"] = str(plot_pretraining_curves(csv_path, output_dir))
     if cfg.export.get("hf", True) and not trainer.fast_dev_run:
         model = module.model
-        if getattr(trainer.strategy, "zero_stage_3", False):   # parameters are partitioned: read the checkpoint
+        if isinstance(trainer.strategy, DeepSpeedStrategy):
+            # The weights trained are the fp32 master weights in the optimizer's partitions: the module holds bf16
+            # copies under DeepSpeed's bf16 mode, and under ZeRO-3 only its partition. zero_to_fp32 consolidates
+            # them from the final checkpoint (preflight refuses a DeepSpeed export without one).
             model = BertForPreTraining(plan.model_config, plan.shard_set.has_next_sentence_labels)
             load_pretraining_weights(model, last_checkpoint)
         result["hf_export"] = str(export_model(model, output_dir, cfg.data.path))

@@ -67,3 +67,18 @@ def test_cpu_rehearsal_runs_every_row(benchmark_script, tmp_path, torch_extensio
     assert rows["pretrain-128-ddp"][3] == "lamb" and rows["pretrain-128-deepspeed_stage_2"][3] == "adamw"
     assert rows["pretrain-512-ddp"][1] == "512"
     assert "precision bf16-mixed" in table and "not measured here" in table
+
+
+@pytest.mark.slow
+def test_a_row_that_cannot_run_says_why_and_the_check_goes_on(benchmark_script, tmp_path):
+    """Pre-training rows given a shard set that does not exist stop at their pre-flight check; the table says why
+    (the run's own message), and the fine-tuning row after them still runs."""
+    done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path), "--shards-128",
+                            str(tmp_path / "no_shards"), "--only", "pretrain-128-ddp", "finetune-sst2")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "gpu_check.md").read_text().splitlines()
+            if re.match(r"\| (pretrain|finetune)-", line)}
+    assert set(rows) == {"pretrain-128-ddp", "finetune-sst2"}
+    assert re.search(r"not run: FileNotFoundError: no shard set at .*shards128", rows["pretrain-128-ddp"])
+    assert "not run: FileNotFoundError" in done.stdout                       # printed when it happened
+    assert "not run" not in rows["finetune-sst2"] and float(rows["finetune-sst2"].split("|")[7].replace(",", "")) > 0

@@ -35,7 +35,10 @@ ZERO_SECTIONS = {
     "deepspeed_stage_3_offload": {**_STAGE_3, "offload_optimizer": _OFFLOAD, "offload_param": _OFFLOAD},
 }
 PRECISION_SECTIONS = {
-    "bf16-mixed": {"bf16": {"enabled": True}, "fp16": {"enabled": False}},
+    # DDP's bf16-mixed: autocast over fp32 weights, fp32 gradients (tests/core/test_bf16_numerics.py)
+    "bf16-mixed": {"bf16": {"enabled": False}, "fp16": {"enabled": False},
+                   "torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []},
+                   "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}},
     "16-mixed": {"bf16": {"enabled": False},
                  "fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                           "hysteresis": 2, "min_loss_scale": 1}},
@@ -106,7 +109,8 @@ def test_deepspeed_parses_every_config(name, precision, monkeypatch):
 
     parsed = DeepSpeedConfig(build_config(name, precision))
     assert parsed.zero_optimization_stage == ZERO_SECTIONS[name]["stage"]
-    assert parsed.bfloat16_config.enabled is (precision == "bf16-mixed")
+    assert parsed.bfloat16_config.enabled is False                  # bf16-mixed is autocast, not DeepSpeed's cast
+    assert parsed.torch_autocast_enabled is (precision == "bf16-mixed")
     assert parsed.float16_config.enabled is (precision == "16-mixed")
     assert parsed.train_batch_size == 32 * 4                      # world size 1 here
     assert (parsed.optimizer_name, parsed.scheduler_name) == (None, None)   # the LightningModule's, wrapped

@@ -50,9 +50,11 @@ def read_rows(shard_set, indices):
 
 
 def test_static_batches_hold_the_shard_rows_padded_with_segments_mask_and_labels(static_set):
-    indices = [5, 17, 3, 400, 250, 8, 13, 99]
+    rows = shard_rows(static_set)
+    short = next(i for i in range(int(static_set.row_groups.rows[0])) if len(rows[i]["input_ids"]) < 120)
+    indices = [5, 17, 3, 400, 250, 8, 13, short]   # one short row at least: a batch without padding has no mask
     batch = PretrainingCollator.for_shard_set(static_set)(read_rows(static_set, indices), epoch=0)
-    expected = [shard_rows(static_set)[i] for i in indices]
+    expected = [rows[i] for i in indices]
     longest = max(len(row["input_ids"]) for row in expected)
     width = batch["input_ids"].shape[1]
     assert width == min(128, -(-longest // 8) * 8) and width % 8 == 0
@@ -69,6 +71,37 @@ def test_static_batches_hold_the_shard_rows_padded_with_segments_mask_and_labels
         assert batch["masked_positions"][b].tolist() == row["masked_lm_positions"] + [0] * (20 - k)
         assert batch["masked_lm_labels"][b].tolist() == row["masked_lm_ids"] + [IGNORE_INDEX] * (20 - k)
         assert batch["next_sentence_labels"][b].item() == row["next_sentence_label"]
+
+
+def test_a_batch_without_padding_has_no_attention_mask_and_the_same_loss(static_set):
+    """No mask where no row is padded, so that SDPA may take its flash kernel; the model's losses are those of the
+    all-ones mask the collator sent before (bitwise in training, with dropout: the CPU attention path draws the same
+    masks; SDPA's kernels in evaluation may differ by rounding)."""
+    from model import BertConfig, BertForPreTraining
+
+    lengths = [len(row["input_ids"]) for row in shard_rows(static_set)[:int(static_set.row_groups.rows[0])]]
+    full = [i for i, n in enumerate(lengths) if n == 128][:4]
+    short = next(i for i, n in enumerate(lengths) if n < 120)
+    collator = PretrainingCollator.for_shard_set(static_set)
+    batch = collator(read_rows(static_set, full), epoch=0)
+    assert "attention_mask" not in batch and batch["input_ids"].shape == (4, 128)
+    padded = collator(read_rows(static_set, [*full, short]), epoch=0)
+    assert padded["attention_mask"].shape == (5, 128) and padded["attention_mask"].sum(1).tolist() == \
+        [128] * 4 + [lengths[short]]
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
+    with_mask = {**batch, "attention_mask": torch.ones_like(batch["input_ids"])}
+    for training in (True, False):
+        model.train(training)
+        losses = []
+        for inputs in (batch, with_mask):
+            torch.manual_seed(1)
+            losses.append(model(**inputs).loss)
+        if training:
+            assert torch.equal(losses[0], losses[1])
+        else:
+            torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=0)
 
 
 def test_padding_rounds_up_to_the_multiple_and_never_beyond_max_seq_length(static_set):

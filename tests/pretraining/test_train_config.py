@@ -67,9 +67,10 @@ def test_published_settings():
         ("base", 256, "adamw", 1e-4)
     assert (base.scheduler.warmup_steps, base.scheduler.power, base.optimizer.weight_decay) == (10000, 1.0, 0.01)
     assert base.trainer.max_steps == 900_000 and base.scheduler.total_steps == 1_000_000
-    assert base.strategy.name == "deepspeed" and base.strategy.zero_optimization.stage == 2
+    assert base.strategy.name == "ddp"    # as the paper: ZeRO saves no memory BERT-base needs and adds collectives
     base2 = compose("train", ["+experiment=bert_base_phase2"])
     assert base2.trainer.max_steps == 100_000 and base2.data.global_batch_size == 256
+    assert base2.strategy.name == "ddp"
     large = compose("train", ["+experiment=bert_large"])
     assert (large.model.name, large.optimizer.name, large.data.global_batch_size, large.optimizer.lr) == \
         ("large", "lamb", 65536, 6e-3)
@@ -113,6 +114,23 @@ def test_lamb_with_zero_is_refused():
         check_strategy_and_optimizer(cfg)
     # the schedule is the pipeline's under every strategy, so NVIDIA's polynomial decay works with ZeRO too
     check_strategy_and_optimizer(compose("train", ["strategy=deepspeed_stage_2", "scheduler=poly_warmup"]))
+
+
+def test_deepspeeds_fused_lamb_is_refused_before_anything_runs_saying_why(monkeypatch):
+    """DeepSpeed's FusedLamb is another algorithm than the recipe's lamb (trust ratio on biases and LayerNorm, clamped
+    to [0.01, 10], bias correction) and needs nvcc: refused at preflight, on any device, under any strategy."""
+    from pipeline.core.optim import build_optimizer
+    from pipeline.pretraining.checks import preflight
+
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    why = (r"optimizer=fused_lamb: DeepSpeed's FusedLamb is not this pipeline's LAMB .* biases and LayerNorm .* "
+           r"\[0\.01, 10\]")
+    for overrides in (["optimizer=fused_lamb"],
+                      ["+experiment=bert_large", "optimizer=fused_lamb", "trainer.devices=8"]):
+        with pytest.raises(ValueError, match=why):
+            preflight(compose("train", overrides), world_size=8)
+    with pytest.raises(ValueError, match=why):
+        build_optimizer(tiny_model(), {"name": "fused_lamb", "lr": 1e-3})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -26,7 +26,10 @@ class StepProgressBar(TQDMProgressBar):
             return   # inside an accumulation cycle
         if step % max(1, self.refresh_rate) == 0 or step == trainer.max_steps:
             bar.n = step
-            bar.set_postfix(self.get_metrics(trainer, pl_module))
+            # The metrics change only when logged; reading them converts the logged tensors to floats, which on a
+            # GPU waits for the step's queued work: only at the steps that log.
+            if step % max(1, trainer.log_every_n_steps) == 0 or step == trainer.max_steps:
+                bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

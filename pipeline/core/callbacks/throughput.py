@@ -12,8 +12,10 @@ The peak FLOP/s of one device: callbacks.throughput.peak_flops (a number, or a k
 looked up from the CUDA device name (model.peak_flops_for_device), else none and no MFU (the CPU). The table's
 peaks are dense bf16 tensor-core figures: an fp32 run's MFU against them reads low, as it should.
 
-Counts stay on the device between logs; the window's wall time is closed with a device synchronisation only at
-the log step, so the callback costs no host sync on other steps.
+No host sync on other steps than the log step: the counts known from shapes (padded tokens, sequences, FLOPs) are
+summed on the host; the one count that needs the data, the non-padding tokens (attention_mask.sum(), or the
+shape's count for a batch without a mask), is summed on the device. At the log step the window's wall time is closed
+with a device synchronisation and the sums are reduced over the ranks in one collective.
 """
 from __future__ import annotations
 
@@ -49,8 +51,8 @@ class ThroughputMonitor(pl.Callback):
         self.log_every_n_steps = log_every_n_steps
         self.peak_flops_setting = peak_flops
         self.peak_flops: float | None = None
-        self._counts: torch.Tensor | None = None   # [tokens, padded tokens, sequences] since the last log
-        self._flops = 0.0                          # model FLOPs since the last log (host arithmetic on shapes only)
+        self._tokens: torch.Tensor | int = 0       # non-padding tokens since the last log (on the device)
+        self._shape_counts = [0, 0, 0.0]           # [padded tokens, sequences, model FLOPs] since the last log (host)
         self._window_start: float | None = None
         self._last_step = -1
 
@@ -59,7 +61,7 @@ class ThroughputMonitor(pl.Callback):
         self._reset(trainer)
 
     def _reset(self, trainer: pl.Trainer) -> None:
-        self._counts, self._flops = None, 0.0
+        self._tokens, self._shape_counts = 0, [0, 0, 0.0]
         self._window_start = time.perf_counter()
         self._last_step = trainer.global_step
 
@@ -68,17 +70,16 @@ class ThroughputMonitor(pl.Callback):
         input_ids = batch["input_ids"]
         sequences, seq_len = input_ids.shape
         mask = batch.get("attention_mask")
-        tokens = mask.sum() if mask is not None else torch.tensor(input_ids.numel(), device=input_ids.device)
-        counts = torch.stack([tokens.to(torch.float64), torch.tensor(float(input_ids.numel()), dtype=torch.float64,
-                                                                      device=tokens.device),
-                              torch.tensor(float(sequences), dtype=torch.float64, device=tokens.device)])
-        self._counts = counts if self._counts is None else self._counts + counts
+        # A Python int added to a device tensor is a kernel argument, no copy.
+        self._tokens = self._tokens + (mask.sum() if mask is not None else input_ids.numel())
         positions = batch.get("masked_positions")
         if positions is not None:
             predictions = positions.shape[1]
         else:   # (B, T) MLM labels score every position; a fine-tuning batch (task labels) has no MLM head at all
             predictions = seq_len if "masked_lm_labels" in batch else 0
-        self._flops += flops_per_token(pl_module.model.config, seq_len, predictions) * input_ids.numel()
+        flops = flops_per_token(pl_module.model.config, seq_len, predictions) * input_ids.numel()
+        for slot, count in enumerate((input_ids.numel(), sequences, flops)):
+            self._shape_counts[slot] += count
 
         step = trainer.global_step
         if step == self._last_step or step % self.log_every_n_steps != 0:
@@ -86,10 +87,10 @@ class ThroughputMonitor(pl.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
-        totals = trainer.strategy.reduce(self._counts, reduce_op="sum")
-        flops = float(trainer.strategy.reduce(torch.tensor(self._flops, dtype=torch.float64,
-                                                           device=pl_module.device), reduce_op="sum"))
-        tokens_s, padded_s, sequences_s = (totals / elapsed).tolist()
+        counts = torch.tensor([0.0, *self._shape_counts], dtype=torch.float64, device=pl_module.device)
+        counts[0] = self._tokens   # a device tensor, or an int for batches without masks
+        tokens, padded, sequences, flops = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
+        tokens_s, padded_s, sequences_s = tokens / elapsed, padded / elapsed, sequences / elapsed
         metrics = {"perf/tokens_per_s": tokens_s, "perf/padded_tokens_per_s": padded_s,
                    "perf/sequences_per_s": sequences_s}
         if self.peak_flops:
