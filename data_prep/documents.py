@@ -42,7 +42,7 @@ class Document:
     key: str
     paragraphs: tuple[str, ...]
     presplit: bool = False
-    title: str = ""
+    title: str = dataclasses.field(default="", compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

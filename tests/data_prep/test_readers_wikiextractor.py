@@ -79,7 +79,7 @@ def test_title_line_dropped_debris_removed_paragraph_per_line(tmp_path: Path):
     path = tmp_path / "wiki_00"
     path.write_text(text, encoding="utf-8")
     (document,) = documents(read(path, "wikiextractor", "AA/wiki_00"))
-    assert document.key == "AA/wiki_00:0"
+    assert document.key == "AA/wiki_00:0" and document.title == "Anarchism"   # metadata: not in the text
     assert document.paragraphs == ("Anarchism is a political philosophy that rejects rulers.",
                                    "The first use of the word was in 1539 & later.")
 
