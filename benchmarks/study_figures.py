@@ -58,7 +58,8 @@ def score_against_labels(series: Mapping[str, Mapping[str, dict]], path: Path) -
     sst2.set_xlabel("labelled training sentences")
     sst2.set_ylabel("accuracy on SST-2 dev")
     sst2.set_title("SST-2: mean over seeds, 95% t-interval; dots: seeds")
-    sst2.legend(fontsize=8)
+    if sst2.get_legend_handles_labels()[0]:
+        sst2.legend(fontsize=8)
     if missing:
         sst2.text(0.99, 0.01, "missing: " + ", ".join(missing), transform=sst2.transAxes, ha="right", va="bottom",
                   fontsize=8, color="grey")

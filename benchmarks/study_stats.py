@@ -23,9 +23,13 @@ def t_quantile(n: int) -> float:
 
 
 def summary(values: Sequence[float]) -> dict:
+    """{"n", "mean", "sd"}: the sample sd (n - 1); None where undefined. A NaN (a correlation of constant predictions)
+    makes the mean NaN and the sd None: it is shown, never dropped."""
     values = list(values)
     if not values:
         return {"n": 0, "mean": None, "sd": None}
+    if not all(math.isfinite(v) for v in values):
+        return {"n": len(values), "mean": math.nan, "sd": None}
     return {"n": len(values), "mean": statistics.fmean(values),
             "sd": statistics.stdev(values) if len(values) > 1 else None}
 
@@ -45,9 +49,7 @@ def paired(treated: Mapping[int, float], control: Mapping[int, float]) -> dict:
     seeds = sorted(set(treated) & set(control))
     differences = [treated[s] - control[s] for s in seeds]
     interval = t_interval(differences)
-    found = {"n": len(seeds), "seeds": seeds, "differences": differences,
-             "mean": statistics.fmean(differences) if differences else None,
-             "sd": statistics.stdev(differences) if len(differences) > 1 else None, "low": None, "high": None}
+    found = {**summary(differences), "seeds": seeds, "differences": differences, "low": None, "high": None}
     if interval is not None:
         found["low"], found["high"] = interval[1], interval[2]
     return found

@@ -106,11 +106,11 @@ def finetune_overrides(files: SplitFiles, init: Path, lr: float, epochs: int, se
     1.0, length-grouped batches. Dev is scored once, after the last epoch (no choice is made on it)."""
     return [f"init={init}", f"task={FINETUNE_TASK[files.task]}", "data.dir=null", f"data.train={files.train}",
             f"data.dev={files.eval}", "data.test=null", f"output_dir={run_dir}", f"data.cache_dir={cache}",
-            f"seed={seed}", f"optimizer.lr={lr}", "optimizer.weight_decay=0.01", "data.batch_size=32",
-            "scheduler.warmup_fraction=0.1", "scheduler.warmup_steps=null", "scheduler.power=1.0",
+            f"seed={seed}", "optimizer=adamw", f"optimizer.lr={lr}", "optimizer.weight_decay=0.01",
+            "data.batch_size=32", "scheduler=linear_warmup", "scheduler.warmup_fraction=0.1", "scheduler.warmup_steps=null", "scheduler.power=1.0",
             "model.hidden_dropout=0.1", "model.attention_dropout=0.1", "data.max_seq_length=128",
             "trainer.gradient_clip_val=1.0", "data.group_by_length=true", f"trainer.max_epochs={epochs}",
-            f"+trainer.check_val_every_n_epoch={epochs}", "data.limit_train_examples=null",
+            f"++trainer.check_val_every_n_epoch={epochs}", "data.limit_train_examples=null",
             "data.limit_eval_examples=null", "trainer.enable_progress_bar=false", "export.hf=false",
             "export.plot=false", "logger=csv", *extra]
 
