@@ -136,11 +136,13 @@ def missing_list(rows: dict, found: dict, curves: dict, wanted: int) -> list[str
     missing = []
     for arm, cells in rows.items():
         short = [f"{key} ({cell['n']} of {wanted} seeds)" for key, cell in cells.items() if cell["n"] < wanted]
-        if short and all(cell["n"] == 0 for cell in cells.values()):
+        no_zeroshot = arm != BAG_OF_WORDS and arm not in found["zeroshot"]
+        if all(cell["n"] == 0 for cell in cells.values()) and (no_zeroshot or arm == BAG_OF_WORDS):
             missing.append(f"{arm}: no results at all")
-        elif short:
+            continue
+        if short:
             missing.append(f"{arm}: " + ", ".join(short))
-        if arm != BAG_OF_WORDS and arm not in found["zeroshot"]:
+        if no_zeroshot:
             missing.append(f"{arm}: zero-shot SST-2")
     missing += [f"pre-training run {name}: no csv/metrics.csv" for name, points in curves.items() if points is None]
     return missing
@@ -247,11 +249,15 @@ def _rates_lines(rates: dict) -> list[str]:
 
 def _zeroshot_lines(zeroshot: dict) -> list[str]:
     lines = ["Zero-shot SST-2 by the MLM head (`<sentence> it was [MASK] .`, median threshold, no labels used; one "
-             "value per arm):", "", "| arm | accuracy | words split (scored by their first piece) | encoder |",
-             "|---|---|---|---|"]
-    for arm, record in zeroshot.items():
+             "value per arm):", "", "| arm | accuracy | minus its random arm's | words split (scored by their first "
+             "piece) | encoder |", "|---|---|---|---|---|"]
+    for arm in [a for a in ARMS if a in zeroshot] + sorted(set(zeroshot) - set(ARMS)):
+        record = zeroshot[arm]
         split = ", ".join(f"{w} -> {' '.join(record['words'][w]['pieces'])}" for w in record["split_words"]) or "none"
-        lines.append(f"| {arm} | {_fmt(record['accuracy'])} | {split} | {record['init']} |")
+        control = zeroshot.get(RANDOM_ARM.get(arm, ""))
+        gain = _fmt(record["accuracy"] - control["accuracy"], True) if control else ("—" if arm not in RANDOM_ARM
+                                                                                      else MISSING)
+        lines.append(f"| {arm} | {_fmt(record['accuracy'])} | {gain} | {split} | {record['init']} |")
     return [*lines, ""]
 
 

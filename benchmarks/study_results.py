@@ -17,6 +17,7 @@ from typing import Any
 
 ARMS = ("random_general", "random_domain", "general_60", "general_120", "domain_60", "domain_120", "domain_60_other")
 BAG_OF_WORDS = "bag_of_words"
+NOT_ARMS = ("data", "cache")     # <out>/finetune/data: the task files; <out>/finetune/cache: `datasets`' cache
 # a pre-trained arm against the random arm of its vocabulary
 RANDOM_ARM = {"general_60": "random_general", "general_120": "random_general", "domain_60": "random_domain",
               "domain_120": "random_domain", "domain_60_other": "random_domain"}
@@ -83,14 +84,15 @@ def collect(out: Path) -> dict[str, Any]:
     cells: dict[str, dict[tuple[str, str], dict[int, dict]]] = {}
     zeroshot: dict[str, dict] = {}
     rates: dict[str, dict[str, dict]] = {}
-    for path in sorted(root.glob("*/*/*/seed*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        cells.setdefault(record["arm"], {}).setdefault((record["task"], str(record["budget"])), {})[
-            int(record["seed"])] = record
-    for path in sorted(root.glob("*/zeroshot/sst2.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        zeroshot[record["arm"]] = record
-    for path in sorted(root.glob("*/rates/*.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        rates.setdefault(record["arm"], {})[record["task"]] = record
+    arm_dirs = sorted(path for path in root.glob("*") if path.is_dir() and path.name not in NOT_ARMS)
+    for arm_dir in arm_dirs:
+        for path in sorted(arm_dir.glob("*/*/seed*.json")):
+            record = json.loads(path.read_text(encoding="utf-8"))
+            cells.setdefault(record["arm"], {}).setdefault((record["task"], str(record["budget"])), {})[
+                int(record["seed"])] = record
+        if zeroshot_path(out, arm_dir.name).is_file():
+            zeroshot[arm_dir.name] = json.loads(zeroshot_path(out, arm_dir.name).read_text(encoding="utf-8"))
+        for path in sorted((arm_dir / "rates").glob("*.json")):
+            record = json.loads(path.read_text(encoding="utf-8"))
+            rates.setdefault(record["arm"], {})[record["task"]] = record
     return {"cells": cells, "zeroshot": zeroshot, "rates": rates}
