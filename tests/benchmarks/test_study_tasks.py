@@ -110,9 +110,21 @@ def test_a_cell_is_fine_tuned_once_with_its_rows_checked(tasks, shared_data, tmp
         full.finetune_cell("sst2", 500, 1)
 
 
-def test_a_rate_that_gives_no_correlation_is_never_chosen(tasks):
-    scores = {"0.0001": float("nan"), "0.0003": 0.1, "0.001": 0.1}
-    assert max(tasks.RATE_GRID, key=lambda lr: tasks._finite_or_low(scores[f"{lr:g}"])) == 3e-4
+def test_the_rate_is_chosen_on_the_selection_slice_from_its_tries(tasks, shared_data, tmp_path, export, monkeypatch):
+    """The grid's tries as a finished (or interrupted and resumed) selection left them: the best finite score wins,
+    a NaN (constant predictions: no correlation) never does, and nothing is fine-tuned again."""
+    from study_results import rate_choice_path, rate_try_path, write_json
+
+    out = tmp_path / "study"
+    for lr, pearson in zip(tasks.RATE_GRID, (float("nan"), 0.34, 0.21)):
+        write_json(rate_try_path(out, "general_60", "stsb", lr),
+                   {"arm": "general_60", "task": "stsb", "quick": False, "metrics": {"pearson": pearson}})
+    monkeypatch.setattr(tasks, "run_finetune", lambda *args, **kwargs: pytest.fail("fine-tuned again"))
+    run = tasks.ArmRun(tasks.Arm.of({"name": "general_60", "init": str(export)}), shared_data, out, quick=False)
+    assert run.rate("stsb") == 3e-4
+    record = json.loads(rate_choice_path(out, "general_60", "stsb").read_text())
+    assert (record["metric"], record["seed"], record["train_rows"], record["eval_rows"]) == ("pearson", 0, 5249, 500)
+    assert record["eval_set"] == "rate-selection slice" and record["grid"] == [1e-4, 3e-4, 1e-3]
 
 
 @pytest.mark.slow   # a quick arm: nine fine-tuning runs, the probe and zero-shot on real data (about a minute)
