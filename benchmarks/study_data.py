@@ -85,7 +85,6 @@ class StudyData:
         self.shared_data = Path(shared_data)
         self.data_dir = Path(data_dir)
         self.quick = quick
-        self._rows: dict[tuple[str, str], list[str]] = {}
 
     # ------------------------------------------------------------------------------------------- which rows
 
@@ -173,13 +172,10 @@ class StudyData:
 
     def lines(self, task: str, side: str) -> list[str]:
         """The rows of a task's training ("train") or scored ("eval") file, one line each, the header left out."""
-        key = (task, side)
-        if key not in self._rows:
-            path = self.shared_data / SOURCES[task][0 if side == "train" else 1]
-            if not path.is_file():
-                raise FileNotFoundError(f"{task}: {path} not found (the shared data folder: --shared-data)")
-            self._rows[key] = _source_rows(path, task)
-        return self._rows[key]
+        path = self.shared_data / SOURCES[task][0 if side == "train" else 1]
+        if not path.is_file():
+            raise FileNotFoundError(f"{task}: {path} not found (the shared data folder: --shared-data)")
+        return _source_rows(path, task)
 
 
 @functools.lru_cache(maxsize=None)

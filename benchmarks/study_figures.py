@@ -2,6 +2,8 @@
 
     score_against_labels(series, path)   SST-2 accuracy at 500 / 1,000 / 5,000 labels and IMDB at 1,000, per arm:
                                          the mean over seeds with its 95% t-interval, each seed a dot
+    gains_against_labels(gains, path)    the same cells as paired gains of each pre-trained arm over its random arm,
+                                         with their 95% t-intervals (an endpoint is met where the bar clears 0)
     mlm_curves(curves, path)             held-out MLM accuracy against the optimizer step, one panel per corpus
 """
 from __future__ import annotations
@@ -69,6 +71,35 @@ def score_against_labels(series: Mapping[str, Mapping[str, dict]], path: Path) -
     for ax in (sst2, imdb):
         ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def gains_against_labels(gains: Mapping[str, Mapping[str, dict]], path: Path) -> Path:
+    """gains: {arm: {"sst2/500": paired(...) with "against", ...}}; a gain without its interval is drawn as a point."""
+    plt = _pyplot()
+    cells = [f"sst2/{b}" for b in SST2_BUDGETS] + ["imdb/1000"]
+    fig, ax = plt.subplots(figsize=(11, 5), constrained_layout=True)
+    arms = list(gains)
+    for k, arm in enumerate(arms):
+        xs, means, errors = [], [], [[], []]
+        for i, cell in enumerate(cells):
+            pair = gains[arm].get(cell)
+            if not pair or pair["mean"] is None:
+                continue
+            xs.append(i + (k - (len(arms) - 1) / 2) * 0.1), means.append(pair["mean"])
+            errors[0].append(pair["mean"] - pair["low"] if pair["low"] is not None else 0.0)
+            errors[1].append(pair["high"] - pair["mean"] if pair["high"] is not None else 0.0)
+        label = f"{arm} - {next(iter(gains[arm].values()))['against']}" + ("" if xs else " (missing)")
+        ax.errorbar(xs, means, yerr=errors, marker="o", linestyle="none", capsize=3, color=f"C{k + 2}", label=label)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(cells)), ["SST-2 500", "SST-2 1,000", "SST-2 5,000", "IMDB 1,000"])
+    ax.set_ylabel("paired gain in accuracy")
+    ax.set_title("Gain over random initialisation of the same vocabulary: mean over seeds, 95% t-interval")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

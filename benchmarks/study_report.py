@@ -7,8 +7,9 @@ Reads <out>/finetune/ (study_results.py) and each pre-training run's csv/metrics
   the paired differences of each pre-trained arm against the random arm of its vocabulary with their 95% t-intervals,
   the three primary endpoints met or not, the secondary comparisons, and what is missing;
 - results.json: the same numbers, every seed's value included;
-- score_vs_labels.png (SST-2 at 500 / 1,000 / 5,000 labels and IMDB at 1,000, per arm, with the intervals) and
-  mlm_curves.png (held-out MLM accuracy against the step, both corpora).
+- score_vs_labels.png (SST-2 at 500 / 1,000 / 5,000 labels and IMDB at 1,000, per arm, with the intervals),
+  gains_vs_labels.png (the same as paired gains over the random arm, with theirs) and mlm_curves.png (held-out MLM
+  accuracy against the step, both corpora).
 Nothing is filled in: an arm, a seed or a run without its file is shown as missing, and an endpoint without all its
 seeds is undecided. seeds: the seeds the study has (default: (1,) when the results are a quick run's, else 1-5).
 heldout_mlm: {run: MLM accuracy on the domain corpus's MLM-only held-out set} for the objective comparison (default:
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from study_data import SEEDS
-from study_figures import mlm_curves, score_against_labels
+from study_figures import gains_against_labels, mlm_curves, score_against_labels
 from study_results import ARMS, BAG_OF_WORDS, CELLS, RANDOM_ARM, collect
 from study_stats import paired, summary, t_interval, t_quantile, verdict
 
@@ -175,6 +176,9 @@ def build_report(out: Path, pretrain_runs: Mapping[str, Path] | None = None, see
     report_dir = out / "report"
     figures = {
         "score_vs_labels": score_against_labels(_figure_series(rows), report_dir / "score_vs_labels.png"),
+        "gains_vs_labels": gains_against_labels(
+            {arm: {f"{t}/{b}": cells[f"{t}/{b}/acc"] for t, b in FIGURE_CELLS} for arm, cells in gains.items()},
+            report_dir / "gains_vs_labels.png"),
         "mlm_curves": mlm_curves({n: p for n, p in curves.items() if p}, report_dir / "mlm_curves.png"),
     }
     results = {"quick": quick, "seeds": list(seeds), "t_quantile": t_quantile(len(seeds)) if len(seeds) > 1 else None,
@@ -218,6 +222,7 @@ def markdown(results: dict) -> str:
     lines += [_endpoint_line(e) for e in results["endpoints"]["secondary"]]
     lines += ["", *_zeroshot_lines(results["zeroshot"]), *_objective_lines(results["objective_comparison"])]
     lines += ["## Figures", "", f"![score against labels]({results['figures']['score_vs_labels']})", "",
+              f"![paired gains]({results['figures']['gains_vs_labels']})", "",
               f"![held-out MLM accuracy]({results['figures']['mlm_curves']})", ""]
     lines += ["## Missing", ""] + ([f"- {m}" for m in results["missing"]] or ["Nothing."])
     return "\n".join(lines)
@@ -239,7 +244,7 @@ def _rates_lines(rates: dict) -> list[str]:
         for task in tasks:
             record = chosen.get(task)
             if record is None:
-                cells.append(MISSING)
+                cells.append("—" if arm == BAG_OF_WORDS and task not in ("sst2", "imdb") else MISSING)
                 continue
             scores = ", ".join(f"{k}: {_fmt(v)}" for k, v in (record.get("scores") or {}).items())
             cells.append(f"{record['parameter']} {record['chosen']:g}" + (f" ({scores})" if scores else ""))

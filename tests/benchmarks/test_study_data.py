@@ -67,6 +67,8 @@ def test_the_files_are_the_same_for_every_arm_and_read_back_whole(study_data, sh
     texts, labels = data.texts(imdb.train, "imdb", tmp_path / "cache")
     assert len(texts) == imdb.train_rows == 1000 and set(labels) == {0, 1}
     assert not any("\t" in t or "<br" in t.lower() or "\n" in t for t in texts)
+    scored = data.texts(imdb.eval, "imdb", tmp_path / "cache")[0]
+    assert len(scored) == imdb.eval_rows == 5000
 
 
 def test_the_task_readers_take_the_original_formats(data, tmp_path):

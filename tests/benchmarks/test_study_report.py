@@ -82,6 +82,7 @@ def test_what_did_not_run_is_shown_missing(modules, study):
     assert "awful -> aw ##ful" in text
     assert (out / "report" / "score_vs_labels.png").stat().st_size > 0
     assert (out / "report" / "mlm_curves.png").stat().st_size > 0
+    assert (out / "report" / "gains_vs_labels.png").stat().st_size > 0
 
 
 def test_an_empty_study_reports_everything_missing(modules, tmp_path):
