@@ -1,6 +1,7 @@
 """The study's report, rebuilt from its result files alone (benchmarks/study_protocol.md, section 4).
 
-    build_report(out, pretrain_runs={"domain_120": <run dir>, ...}, seeds=None, heldout_mlm=None) -> <out>/report/report.md
+    build_report(out, pretrain_runs={"domain_120": <run dir>, ...}, seeds=None, heldout_mlm=None)
+        -> <out>/report/report.md
 
 Reads <out>/finetune/ (study_results.py) and each pre-training run's csv/metrics.csv; writes into <out>/report/:
 - report.md: the table (every arm x task and budget: mean ± sd over seeds; the bag-of-words row), the rates chosen,

@@ -107,7 +107,8 @@ def finetune_overrides(files: SplitFiles, init: Path, lr: float, epochs: int, se
     return [f"init={init}", f"task={FINETUNE_TASK[files.task]}", "data.dir=null", f"data.train={files.train}",
             f"data.dev={files.eval}", "data.test=null", f"output_dir={run_dir}", f"data.cache_dir={cache}",
             f"seed={seed}", "optimizer=adamw", f"optimizer.lr={lr}", "optimizer.weight_decay=0.01",
-            "data.batch_size=32", "scheduler=linear_warmup", "scheduler.warmup_fraction=0.1", "scheduler.warmup_steps=null", "scheduler.power=1.0",
+            "data.batch_size=32", "scheduler=linear_warmup", "scheduler.warmup_fraction=0.1",
+            "scheduler.warmup_steps=null", "scheduler.power=1.0",
             "model.hidden_dropout=0.1", "model.attention_dropout=0.1", "data.max_seq_length=128",
             "trainer.gradient_clip_val=1.0", "data.group_by_length=true", f"trainer.max_epochs={epochs}",
             f"++trainer.check_val_every_n_epoch={epochs}", "data.limit_train_examples=null",
@@ -214,7 +215,8 @@ class ArmRun:
         weights = probe.fit_scalar_mix(train.layers["mean"], train.labels, seed)
         metrics = {}
         for row in ("last", probe.SCALAR_MIX):
-            features = [probe.combination(row, side.layers["mean"], side.num_layers, weights) for side in (train, scored)]
+            features = [probe.combination(row, side.layers["mean"], side.num_layers, weights)
+                        for side in (train, scored)]
             metrics[f"{row}_mean"] = probe.logistic_regression_accuracy(features[0], train.labels, features[1],
                                                                         scored.labels, seed)
         write_json(path, {"arm": self.arm.name, "task": "probe", "budget": str(PROBE_BUDGET), "seed": seed,

@@ -1,5 +1,6 @@
-"""benchmarks/study_tasks.py: the protocol's fine-tuning settings reach finetune(), random arms are BERT's initialisation
-drawn with the fine-tuning seed, results are written once and skipped after; a quick arm runs end to end (slow)."""
+"""benchmarks/study_tasks.py: the protocol's fine-tuning settings reach finetune(), random arms are BERT's
+initialisation drawn with the fine-tuning seed, results are written once and skipped after; a quick arm runs end to
+end (slow)."""
 from __future__ import annotations
 
 import json
@@ -58,7 +59,8 @@ def test_every_protocol_setting_reaches_the_finetune_config(tasks, tmp_path):
 
 def test_epochs_by_set_size(tasks):
     assert [tasks.epochs_for("sst2", b, False) for b in (500, 1000, 5000)] == [10, 10, 3]
-    assert [tasks.epochs_for(t, b, False) for t, b in (("imdb", 1000), ("stsb", "full"), ("cola", "full"))] == [10, 3, 3]
+    others = (("imdb", 1000), ("stsb", "full"), ("cola", "full"))
+    assert [tasks.epochs_for(t, b, False) for t, b in others] == [10, 3, 3]
     assert tasks.epochs_for("sst2", 5000, True) == 1
 
 
