@@ -15,8 +15,13 @@ What it runs, each result written as soon as it is made and skipped when already
 3. Zero-shot SST-2 by the MLM head (study_zeroshot.py), once per arm (a random arm's: its first seed's encoder).
 The bag-of-words baseline is study_baseline.run_baseline, once for all arms.
 
-quick=True: the same chain at a tiny scale for CI: one epoch, the scored sets cut to their first 200 rows, one rate
-(QUICK_RATE, no selection), seeds (1,) unless given. overrides: extra fine-tuning settings (trainer.accelerator=gpu).
+Arm names: the report pairs and judges the names of study_results.ARMS (random_general, random_domain, general_60,
+general_120, domain_60, domain_120, domain_60_other); another name is tabled but not paired.
+
+quick=True: the same chain at a tiny scale for CI: one epoch, the scored sets cut to their first 200 rows and STS-B's
+and CoLA's training sets to 1,000 (the label budgets kept), one rate (QUICK_RATE, no selection), seeds (1,) unless
+given; its files go beside the study's but are refused by a full-scale run (and the other way round).
+overrides: extra fine-tuning settings (e.g. trainer.accelerator=gpu).
 """
 from __future__ import annotations
 
@@ -89,7 +94,12 @@ def random_export(like: Path, seed: int, target: Path) -> Path:
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     export_hf(model, partial, pretrained.tokenizer_source)
-    os.replace(partial, target)
+    try:
+        os.replace(partial, target)
+    except OSError:   # another process exported the same seed meanwhile: the same weights, keep theirs
+        if not (target / "config.json").is_file():
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
     return target
 
 
