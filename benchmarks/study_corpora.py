@@ -190,6 +190,11 @@ def _part(root: Path, side: str, k: int) -> Path:
     return path
 
 
+def is_quick(out: Path) -> bool:
+    """The quick chain's output directory (bench_downstream.py --quick marks it): everything in this process."""
+    return (out / "QUICK").exists()
+
+
 def shard_set_name(corpus: str, vocab: int, seq: int, objective: str) -> str:
     return f"{corpus}_v{vocab}_s{seq}_{objective}"
 
@@ -202,7 +207,7 @@ def shard_sets(out: Path, corpus: str, vocab: int, seq: int, objective: str) -> 
     text = out / "corpora" / corpus
     common = ["preset=phase1", f"max_seq_length={seq}", f"max_predictions_per_seq={PREDICTIONS_PER_SEQ[seq]}",
               f"objective={objective}", "dupe_factor=1",
-              *(QUICK_BEAM_ARGS if (out / "QUICK").exists() else BEAM_ARGS)]
+              *(QUICK_BEAM_ARGS if is_quick(out) else BEAM_ARGS)]
     if not (train / "manifest.json").exists():
         first = out / "shards" / shard_set_name(corpus, vocab, 128, "mlm") / "train"
         if first == train:
@@ -210,14 +215,18 @@ def shard_sets(out: Path, corpus: str, vocab: int, seq: int, objective: str) -> 
         else:
             vocab_args = [f"vocab.file={shard_sets(out, corpus, vocab, 128, 'mlm')[0] / 'vocab.txt'}"]
         _data_prep([f"inputs=[{{path: '{text}/train/*.jsonl', format: jsonl}}]", f"output_dir={train}",
-                    "masking=dynamic", *vocab_args, *common])
+                    "masking=dynamic", *vocab_args, *common], is_quick(out))
     if not (heldout / "manifest.json").exists():
         _data_prep([f"inputs=[{{path: '{text}/heldout/*.jsonl', format: jsonl}}]", f"output_dir={heldout}",
-                    "masking=static", f"vocab.file={train / 'vocab.txt'}", "num_shards=1", *common])
+                    "masking=static", f"vocab.file={train / 'vocab.txt'}", "num_shards=1", *common], is_quick(out))
     return train, heldout
 
 
-def _data_prep(overrides: list[str]) -> None:
+def _data_prep(overrides: list[str], in_process: bool) -> None:
+    if in_process:
+        from data_prep.run import run
+        run(overrides)
+        return
     command = [sys.executable, str(REPO_ROOT / "data_prep" / "run.py"), *overrides]
     done = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "RAYON_NUM_THREADS": "1"}, capture_output=True,
                           text=True)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from common import REPO_ROOT
-from study_corpora import shard_sets
+from study_corpora import is_quick, shard_sets
 
 THREADS = 2
 BATCH = 32
@@ -63,7 +63,12 @@ def _overrides(out: Path, corpus: str, recipe: dict) -> list[str]:
             "seed=1", "logger=csv", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
 
 
-def _train(run_dir: Path, overrides: list[str]) -> None:
+def _train(run_dir: Path, overrides: list[str], in_process: bool = False) -> None:
+    if in_process:   # the quick chain: no interpreter and torch start-up per run
+        from pipeline.core.app import compose
+        from pipeline.pretraining.run import train
+        train(compose("train", [*overrides, f"output_dir={run_dir}"]))
+        return
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS), "WANDB_MODE": "disabled"}
     command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +99,7 @@ def calibrate(out: Path, recipes: list[dict], quick: bool = False) -> dict[str, 
                          "scheduler.warmup_steps=2", "scheduler.warmup_fraction=null",
                          f"trainer.log_every_n_steps={CALIBRATION_WINDOW}",
                          "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
-                         "export.hf=false", "export.plot=false"])
+                         "export.hf=false", "export.plot=false"], is_quick(out))
         rates = [float(r["perf/sequences_per_s"]) for r in rows(run_dir)
                  if r.get("perf/sequences_per_s") and int(r["step"]) >= (2 if quick else CALIBRATION_SKIP)]
         result[key] = {"steps_per_minute": 60 * max(rates) / BATCH, "load_before": load_before,
@@ -116,9 +121,10 @@ def train_for(out: Path, corpus: str, recipe: dict, run_dir: Path, steps: int, c
         started = time.monotonic()
         every = steps // VALIDATIONS
         _train(run_dir, [*_overrides(out, corpus, recipe), f"trainer.max_steps={steps}", "ckpt_path=auto",
-                         f"validation.every_n_steps={every}", f"validation.max_batches={VALIDATION_BATCHES}",
+                         f"validation.every_n_steps={every}",
+                         f"validation.max_batches={2 if is_quick(out) else VALIDATION_BATCHES}",
                          f"trainer.log_every_n_steps={min(every, 50)}",
-                         f"callbacks.checkpoint.every_n_train_steps={every if checkpoints else 0}"])
+                         f"callbacks.checkpoint.every_n_train_steps={every if checkpoints else 0}"], is_quick(out))
         final = [r for r in rows(run_dir) if r.get("val/mlm_acc")][-1]
         done.write_text(json.dumps({"corpus": corpus, "recipe": recipe, "steps": steps,
                                     "heldout_mlm_acc": float(final["val/mlm_acc"]),
