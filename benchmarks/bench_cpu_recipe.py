@@ -24,12 +24,11 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import REPO_ROOT, add_shared_data_flag, shared_path
+from common import REPO_ROOT, add_shared_data_flag, shared_path, train_process
 from recipe_corpus import shard_sets
 
 OUT = REPO_ROOT / "outputs" / "bench_cpu_recipe"
@@ -71,15 +70,8 @@ def _global_batch(overrides: list[str]) -> int:
 
 
 def _train(run_dir: Path, overrides: list[str], threads: int = THREADS) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
-    command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides, f"hydra.run.dir={run_dir}",
-               "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false", "export.hf=false"]
-    log = run_dir.with_suffix(".log")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({done.returncode}); see {log}")
+    train_process(run_dir, [*overrides, "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+                            "export.hf=false"], threads)
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:

@@ -32,6 +32,21 @@ def shared_path(args: argparse.Namespace, *parts: str) -> Path:
     return path
 
 
+def train_process(run_dir: Path, overrides: list[str], threads: int, append_log: bool = False) -> None:
+    """`python pipeline/train.py <overrides> hydra.run.dir=<run_dir>` on `threads` threads, W&B off, its output in
+    <run_dir>.log beside the run; stops the benchmark, naming the log, when the run fails."""
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with open(log, "a" if append_log else "w") as handle:
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}); see {log}")
+
+
 def import_test_helpers() -> None:
     """Make tests/helpers importable (the benchmarks build their small shard sets as the tests do)."""
     if str(REPO_ROOT) not in sys.path:

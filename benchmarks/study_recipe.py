@@ -14,12 +14,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from common import REPO_ROOT
+from common import train_process
 from study_corpora import is_quick, shard_sets
 
 THREADS = 2
@@ -69,14 +67,7 @@ def _train(run_dir: Path, overrides: list[str], in_process: bool = False) -> Non
         from pipeline.pretraining.run import train
         train(compose("train", [*overrides, f"output_dir={run_dir}"]))
         return
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS), "WANDB_MODE": "disabled"}
-    command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{run_dir.name}.log"
-    with open(log, "a") as handle:
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(command)} failed ({done.returncode}); see {log}")
+    train_process(run_dir, overrides, THREADS, append_log=True)   # a resumed run's sittings in one log
 
 
 def rows(run_dir: Path) -> list[dict[str, str]]:
