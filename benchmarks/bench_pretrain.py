@@ -142,8 +142,10 @@ class Side:
 
 
 def our_losses(model, batch):
+    # A batch whose rows all fill its width has no attention_mask (the collator drops it); None is "all tokens"
+    # for both models.
     out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"], masked_positions=batch["masked_positions"],
+                attention_mask=batch.get("attention_mask"), masked_positions=batch["masked_positions"],
                 masked_lm_labels=batch["masked_lm_labels"], next_sentence_labels=batch["next_sentence_labels"])
     return out.loss, out.mlm_loss.detach(), out.nsp_loss.detach()
 
@@ -153,7 +155,7 @@ def hf_losses(model, batch):
     logits by the same calls it makes, for the report."""
     labels = hf_mlm_labels(batch)
     out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"], labels=labels,
+                attention_mask=batch.get("attention_mask"), labels=labels,
                 next_sentence_label=batch["next_sentence_labels"])
     with torch.no_grad():
         logits = out.prediction_logits
