@@ -41,9 +41,9 @@ class Verification:
     def describe(self) -> str:
         unchanged = self.files - self.hashed_files
         skipped = f"; {unchanged} unchanged since their recorded check (size and mtime)" if unchanged else ""
-        return (f"{self.files} files, {self.bytes / 1e9:.3f} GB: {self.hashed_files} hashed ({self.hashed_bytes / 1e9:.3f}"
-                f" GB) against the manifest's sizes and sha256 in {self.seconds:.2f} s ({self.seconds_per_gb:.2f} s "
-                f"per GB, {self.threads} threads){skipped}")
+        return (f"{self.files} files, {self.bytes / 1e9:.3f} GB: {self.hashed_files} hashed "
+                f"({self.hashed_bytes / 1e9:.3f} GB) against the manifest's sizes and sha256 in {self.seconds:.2f} s "
+                f"({self.seconds_per_gb:.2f} s per GB, {self.threads} threads){skipped}")
 
 
 def verify_shard_set(path: str, manifest: dict[str, Any] | None = None, threads: int | None = None,
