@@ -96,8 +96,16 @@ def verify_checksums(shard_dir: str, manifest: dict[str, Any] | None = None, thr
     Files are hashed in parallel threads (hashlib and file reads release the GIL), so a set is checked at the
     speed of its storage rather than of one core. A missing or unreadable file counts as differing.
     """
-    manifest = manifest or read_manifest(shard_dir)
-    entries = [shard[kind] for shard in manifest["shards"] for kind in ("parquet", "tfrecord") if kind in shard]
+    return verify_files(shard_dir, shard_file_entries(manifest or read_manifest(shard_dir)), threads)
+
+
+def shard_file_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest's entry ({"path", "bytes", "sha256"}) of every shard file, Parquet and TFRecord."""
+    return [shard[kind] for shard in manifest["shards"] for kind in ("parquet", "tfrecord") if kind in shard]
+
+
+def verify_files(shard_dir: str, entries: list[dict[str, Any]], threads: int | None = None) -> list[str]:
+    """verify_checksums for the given manifest entries only."""
     threads = threads or min(8, os.cpu_count() or 1, max(len(entries), 1))
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         intact = list(pool.map(lambda entry: _file_matches(shard_dir, entry), entries))

@@ -7,18 +7,24 @@
     python pipeline/train.py +debug=dryrun                    # every stage of the pipeline in a few seconds
     python pipeline/train.py ckpt_path=last hydra.run.dir=<run>   # resume a run, same logs
 
-The run itself: pipeline/pretraining/run.py.
+The run itself: pipeline/pretraining/run.py. Under SLURM, a run stopped by the requeue signal exits with status 75
+(pipeline/core/requeue.py: checkpoint saved, job requeued; its next start resumes).
 """
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from pipeline.core import app  # noqa: F401  (first: silences known noise, registers the config resolvers)
+from pipeline.core.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
 
 @hydra.main(config_path="../conf/training", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     result = train(cfg)
+    if result["requeued"]:
+        sys.exit(REQUEUED_EXIT_CODE)
     if result["rank"] == 0:
         print(summary(result))
 

@@ -1,7 +1,6 @@
 """Cluster smoke check: a tiny Lightning DDP fit in every task of a SLURM allocation, in seconds.
 
     srun python infra/slurm/smoke_ddp.py [--out DIR] [--strategy conf/training/strategy/ddp.yaml] [--steps N]
-                                         [--step-sleep S --root-dir DIR]   # to rehearse requeue + resume
 
 Run it with the same #SBATCH/srun geometry as the real job (e.g. `--nodes=2 --ntasks-per-node=8 --gpus-per-node=8`)
 before spending a queue slot on bert_large: it checks that Lightning detects SLURM, that every rank joins one
@@ -17,7 +16,6 @@ import json
 import os
 import socket
 import sys
-import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,19 +29,11 @@ from pipeline.core.strategies import build_strategy  # noqa: E402
 
 
 class TinyRegression(pl.LightningModule):
-    def __init__(self, step_sleep: float = 0.0, progress: Path | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
-        self.step_sleep, self.progress = step_sleep, progress
-        self.start_step: int | None = None
-
-    def on_train_start(self) -> None:
-        self.start_step = self.trainer.global_step      # > 0 when resumed from a checkpoint (hpc_ckpt on requeue)
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-        if self.progress is not None:
-            self.progress.write_text(str(self.trainer.global_step))
-        time.sleep(self.step_sleep)                     # long enough to be interrupted, e.g. by a requeue signal
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -56,9 +46,6 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="directory for rank<N>.json")
     parser.add_argument("--strategy", type=Path, default=REPO_ROOT / "conf" / "training" / "strategy" / "ddp.yaml")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep in each training step")
-    parser.add_argument("--root-dir", type=Path, default=None,
-                        help="Trainer default_root_dir: where hpc_ckpt_*.ckpt is saved on SIGUSR1 and found on restart")
     args = parser.parse_args()
 
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
@@ -69,13 +56,12 @@ def main() -> int:
     pl.seed_everything(0)
     x = torch.randn(256, 16, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True).sin()), batch_size=8)
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-    model = TinyRegression(args.step_sleep, args.out / f"progress-rank{rank}" if args.out else None)
+    model = TinyRegression()
     trainer = pl.Trainer(accelerator=accelerator, devices=devices, num_nodes=num_nodes, strategy=strategy,
                          max_steps=args.steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.root_dir)
+                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, train_dataloaders=loader)
 
     weights = torch.cat([p.detach().cpu().flatten() for p in model.parameters()])
@@ -89,8 +75,6 @@ def main() -> int:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_procid": os.environ.get("SLURM_PROCID"),
         "host": socket.gethostname(),
-        "restart_count": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
-        "start_step": model.start_step,
         "global_step": trainer.global_step,
         "weights_sha256": hashlib.sha256(weights.numpy().tobytes()).hexdigest(),
     }

@@ -1,46 +1,157 @@
-"""Which checkpoint files of a run are complete, and the newest of them: plain file checks, no torch.
+"""Which checkpoints of a run are complete, and the newest of them: plain file checks, no torch.
 
-The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also
-when the workflow continues an interrupted pre-training (ckpt_path=auto); plain file checks keep that decision
-cheap, before anything heavy is imported.
+Two kinds of checkpoint:
+- a torch file (DDP, one process): complete when its zip directory (written last) is intact. Writes go to a
+  temporary file beside it and replace it by a rename (pipeline/core/checkpoints.py), so a killed write leaves the
+  previous file whole.
+- a DeepSpeed directory (one shard per rank): DeepSpeed writes `<dir>/<tag>/*` and a `latest` file naming the tag.
+  Our strategies (pipeline/core/deepspeed_checkpoints.py) write every save under a new tag beside the previous one,
+  and only after every rank's files are on disk record them (`<tag>/complete.json`: each file's size) and switch
+  `latest` to the new tag with one atomic rename. A directory is complete when the tag `latest` names has that record
+  and every file in it still has its recorded size: a save killed half-way, or a shard cut short afterwards, does
+  not count.
+
+The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also at
+every start of a SLURM job (ckpt_path=auto, infra/slurm/train.sbatch) and when the workflow continues an interrupted
+pre-training; plain file checks keep that decision cheap, before anything heavy is imported.
+
+    python -m pipeline.core.checkpoint_files <run directory>    # prints its newest complete checkpoint, or exits 1
 """
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import sys
 import zipfile
 from pathlib import Path
 
 PARTIAL_PREFIX, PARTIAL_SUFFIX = ".checkpoint-", ".partial"
+LATEST = "latest"                   # DeepSpeed's pointer to the tag of a checkpoint directory
+COMPLETION_RECORD = "complete.json"   # inside a tag: written after every rank's files, before `latest` names it
+CHECKPOINT_DIR = "checkpoints"               # a pre-training run's checkpoints, under its output directory
 log = logging.getLogger(__name__)
 
 
-def is_complete(path: Path) -> bool:
-    """A torch checkpoint whose zip directory (written last) is intact, or a DeepSpeed checkpoint directory
-    whose `latest` tag (written after its shards) exists."""
+def checkpoint_problem(path: Path) -> str | None:
+    """None when the checkpoint at `path` is complete, else why it is not (for the log)."""
+    path = Path(path)
     if path.is_dir():
-        return (path / "latest").is_file()
+        return _directory_problem(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            return bool(archive.namelist())
+            if archive.namelist():
+                return None
     except (OSError, zipfile.BadZipFile):
-        return False
+        pass
+    return "not a whole torch checkpoint (its zip directory is missing: the write was cut short)"
+
+
+def is_complete(path: Path) -> bool:
+    return checkpoint_problem(path) is None
+
+
+def _directory_problem(path: Path) -> str | None:
+    latest = path / LATEST
+    if not latest.is_file():
+        return f"no `{LATEST}` file: its save never finished"
+    tag = latest.read_text(encoding="utf-8").strip()
+    tag_dir = path / tag
+    if not tag or not tag_dir.is_dir():
+        return f"`{LATEST}` names {tag!r}, which is not there"
+    record_path = tag_dir / COMPLETION_RECORD
+    if not record_path.is_file():
+        return _unrecorded_problem(tag_dir)
+    try:
+        files = json.loads(record_path.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its completion record {record_path.name} is unreadable"
+    for name, size in sorted(files.items()):
+        file = tag_dir / name
+        if not file.is_file():
+            return f"{tag}/{name} is missing"
+        if file.stat().st_size != size:
+            return (f"{tag}/{name} has {file.stat().st_size} bytes, its completion record says {size} (cut short "
+                    "or rewritten after the save)")
+    return None
+
+
+def _unrecorded_problem(tag_dir: Path) -> str | None:
+    """A directory written before completion records (or by another program): every torch file in its tag must at
+    least be a whole zip archive (a shard cut short is not); whether every rank's shard is there cannot be told."""
+    files = sorted(tag_dir.rglob("*.pt"))
+    if not files:
+        return f"{tag_dir.name}/ holds no model or optimizer files"
+    for file in files:
+        if checkpoint_problem(file) is not None:
+            return f"{tag_dir.name}/{file.relative_to(tag_dir)} is not a whole torch file (cut short)"
+    log.warning("%s has no completion record (written by an older version): its files are whole, but whether "
+                "every rank's shard is there cannot be checked", tag_dir.parent)
+    return None
+
+
+def written_at(path: Path) -> int:
+    """When a checkpoint was completed (ns): a file's mtime; a DeepSpeed directory's `latest` (switched last)."""
+    path = Path(path)
+    latest = path / LATEST
+    if path.is_dir() and latest.is_file():
+        return latest.stat().st_mtime_ns
+    return path.stat().st_mtime_ns
 
 
 def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path | None:
-    """The most recently written complete checkpoint of a run: last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt."""
+    """The most recently completed checkpoint of a run: last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt (written
+    by earlier versions). Each newer one that is not complete is logged with the reason it was passed over."""
     candidates = [*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")]
-    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
-        if is_complete(candidate):
+    for candidate in sorted(candidates, key=written_at, reverse=True):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
             return candidate
-        log.warning("skipping %s: incomplete (its write was interrupted)", candidate)
+        log.warning("not resuming from %s: %s", candidate, problem)
     return None
 
 
 def remove_partial_checkpoints(*directories: Path) -> list[Path]:
-    """Temporary files of writes that were killed; nothing will ever complete them."""
+    """What interrupted saves left, which nothing will ever complete: temporary files of torch checkpoints, and in
+    DeepSpeed checkpoint directories the tags that `latest` does not name (a save killed before its switch, or the
+    previous tag when the kill came between the switch and its removal)."""
     removed = []
     for directory in directories:
         for partial in Path(directory).glob(f"{PARTIAL_PREFIX}*{PARTIAL_SUFFIX}"):
             partial.unlink(missing_ok=True)
             removed.append(partial)
+        for checkpoint in Path(directory).glob("*.ckpt"):
+            for tag_dir in stale_tags(checkpoint):
+                shutil.rmtree(tag_dir, ignore_errors=True)
+                removed.append(tag_dir)
     return removed
+
+
+def stale_tags(checkpoint: Path) -> list[Path]:
+    """The tag directories of a DeepSpeed checkpoint directory that its `latest` does not name (DeepSpeed's: holding
+    model or optimizer states; anything else a user put there stays)."""
+    latest = Path(checkpoint) / LATEST
+    if not latest.is_file():
+        return []
+    current = latest.read_text(encoding="utf-8").strip()
+    return [tag_dir for tag_dir in sorted(Path(checkpoint).iterdir())
+            if tag_dir.is_dir() and tag_dir.name != current
+            and (any(tag_dir.glob("*model_states.pt")) or any(tag_dir.glob("*optim_states.pt")))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    newest = newest_complete_checkpoint(run_dir / CHECKPOINT_DIR, run_dir) if run_dir.is_dir() else None
+    if newest is None:
+        return 1
+    print(newest)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    sys.exit(main())

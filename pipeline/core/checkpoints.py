@@ -5,6 +5,8 @@ both are on one filesystem, but a copy (killable half-way, leaving a truncated f
 the checkpoints live elsewhere, as they do on clusters (local /tmp, shared checkpoint storage). Here the bytes go
 to a temporary file *in the checkpoint's own directory* and replace the target atomically (atomic_files.py); the
 previous checkpoint stays whole until then.
+
+ResumingModelCheckpoint: Lightning's ModelCheckpoint, which forgets on resume which step it saved last.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 
 from pipeline.core.atomic_files import atomic_file
@@ -25,3 +29,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         with atomic_file(Path(str(path).removeprefix("file://"))) as out:
             torch.save(checkpoint, out)
+
+
+class ResumingModelCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that does not save again the step a resumed fit starts at. Lightning's starts every fit with
+    "last saved at step 0", so with gradient accumulation a fit resumed at a multiple of every_n_train_steps would
+    save at its first micro-batch, the optimizer step not yet taken: it would overwrite the very checkpoint it resumed
+    from (and last.ckpt) with a state in the middle of a step, whose accumulated gradient it does not hold, so a
+    resume from it would not be exact."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        # 0 on a fresh start, as Lightning's; a resumed fit's step is the checkpoint it resumed from, saved already
+        self._last_global_step_saved = trainer.global_step

@@ -13,9 +13,12 @@ from lightning_fabric.utilities.seed import reset_seed
 from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import DeepSpeedStrategy
 
+from pipeline.core.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
 
-class CPUDeepSpeedStrategy(DeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy on CPU processes (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, gloo).
+
+class CPUDeepSpeedStrategy(CompleteCheckpointsDeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy on CPU processes (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, gloo), with
+    the complete-or-absent checkpoints of pipeline/core/deepspeed_checkpoints.py as on GPUs.
 
     Lightning assumes CUDA in exactly three places; each override below lifts one of them when the device is the
     CPU and defers to Lightning otherwise, so this class behaves exactly like its parent on GPUs:

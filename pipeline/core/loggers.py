@@ -77,12 +77,14 @@ class ResumableCSVLogger(CSVLogger):
 
 
 class FinishingWandbLogger(WandbLogger):
-    """Lightning's WandbLogger that finishes the W&B run when SLURM's requeue signal arrives. Lightning's handler of
-    that signal finalizes the loggers with status "finished" (its normal teardown says "success" or "failed"), writes
-    the checkpoint and requeues the job, whose processes are then killed, W&B's service among them; finishing first
-    writes out every step logged so far (offline: into the run's file; online: to the server), which the killed
-    service would lose. What is logged after that is dropped: the requeued job redoes those steps from the checkpoint
-    written on the same signal, into the same W&B run."""
+    """Lightning's WandbLogger, finished explicitly: at the end of a run (train() calls finish), or marked preempted
+    when the run stops to be requeued (pipeline/core/requeue.py; the requeued job continues the same run id).
+
+    Also where Lightning's own SLURM auto-requeue is still on (fine-tuning): its SIGUSR1 handler finalizes the
+    loggers with status "finished" (its normal teardown says "success" or "failed"), writes the checkpoint and
+    requeues the job, whose processes are then killed, W&B's service among them; finishing first writes out every
+    step logged so far (offline: into the run's file; online: to the server), which the killed service would lose.
+    What is logged after that is dropped: the requeued job redoes those steps from the checkpoint."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -90,12 +92,22 @@ class FinishingWandbLogger(WandbLogger):
 
     def finalize(self, status: str) -> None:
         super().finalize(status)
-        if status == "finished":   # the requeue signal; see the class docstring
+        if status == "finished":   # Lightning's requeue signal handler; see the class docstring
             self.finish()
 
-    def finish(self) -> None:
+    def finish(self, preempted_exit_code: int | None = None) -> None:
+        """Finish the W&B run (once); with preempted_exit_code, marked preempted (W&B's preempting record, then that
+        exit code: W&B shows a run so ended as preempted)."""
         if self._experiment is not None and not self._finished:
-            self._experiment.finish()
+            if preempted_exit_code is not None:
+                self._experiment.mark_preempting()
+                self._experiment.finish(exit_code=preempted_exit_code)
+                # and W&B's service stopped now, before the requeue's SIGTERM stops it under the process's exit hook
+                import wandb
+
+                wandb.teardown()
+            else:
+                self._experiment.finish()
         self._finished = True
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -163,8 +175,9 @@ def wandb_environment(output_dir: str | Path) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def finish_wandb(loggers: list[Logger]) -> None:
-    """Close the W&B run (Lightning leaves it open), so an offline run's files are complete when train() returns."""
+def finish_wandb(loggers: list[Logger], preempted_exit_code: int | None = None) -> None:
+    """Close the W&B run (Lightning leaves it open), so an offline run's files are complete when train() returns;
+    preempted_exit_code: the run stops to be requeued (it continues in the requeued job), see FinishingWandbLogger."""
     for logger in loggers:
         if isinstance(logger, FinishingWandbLogger):
-            logger.finish()
+            logger.finish(preempted_exit_code)

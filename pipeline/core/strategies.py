@@ -4,7 +4,8 @@
     ddp                      -> DDPStrategy, gloo on CPU / nccl on CUDA, find_unused_parameters=False
     deepspeed_stage_{1,2,3}, deepspeed_stage_{2,3}_offload
                              -> DeepSpeedStrategy(config=<full DeepSpeed config>), or CPUDeepSpeedStrategy on CPU
-                                (pipeline/core/cpu_deepspeed.py)
+                                (pipeline/core/cpu_deepspeed.py); both write complete-or-absent checkpoints
+                                (pipeline/core/deepspeed_checkpoints.py)
 
 Every strategy trains with the same optimizer, parameter groups and schedule: the LightningModule's
 `configure_optimizers` (pipeline/core/optim.py: no weight decay on biases and LayerNorm, as google-research/bert,
@@ -48,6 +49,7 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
 
 from pipeline.core.cpu_deepspeed import CPUDeepSpeedStrategy
+from pipeline.core.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
 
 STRATEGY_NAMES = ("auto", "ddp", "deepspeed")
 
@@ -208,4 +210,4 @@ def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val
         # DeepSpeed picks its accelerator once, at import; without CUDA it falls back to CPU anyway.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         return CPUDeepSpeedStrategy(config=config, process_group_backend="gloo")
-    return DeepSpeedStrategy(config=config, process_group_backend="nccl")
+    return CompleteCheckpointsDeepSpeedStrategy(config=config, process_group_backend="nccl")

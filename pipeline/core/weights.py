@@ -33,10 +33,10 @@ import torch
 
 from model import BertConfig, BertForPreTraining
 from model.hf_files import HF_WEIGHT_FILES
+from pipeline.core.checkpoint_files import CHECKPOINT_DIR
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"             # a pre-training run's checkpoints, under its output directory
 LAST_CHECKPOINT = Path(CHECKPOINT_DIR) / "last.ckpt"
 HF_EXPORT_DIR = "hf_export"                # a run's Hugging Face export, under its output directory
 

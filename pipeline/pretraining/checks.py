@@ -44,16 +44,18 @@ def _optional_path(cfg: DictConfig, key: str) -> str | None:
     return None if value in (None, "") else str(value)
 
 
-def _open_shard_set(cfg: DictConfig, model_config: BertConfig):
+def _open_shard_set(cfg: DictConfig, model_config: BertConfig, output_dir: Path):
     from pipeline.pretraining.data.shard_set import ShardSet
+    from pipeline.pretraining.data.verify import RECORD_NAME
 
     path, seq = str(cfg.data.path), int(cfg.data.max_seq_length)
     try:
         # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
-        # stops the run now, named, rather than hours in wherever its row group comes.
+        # stops the run now, named, rather than hours in wherever its row group comes. The run's record of what it
+        # verified spares its later starts (requeues, resumes) hashing the files that did not change.
         verify = bool(cfg.data.get("verify_checksums", True)) and is_first_process()
         shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
-                                  verify_checksums=verify)
+                                  verify_checksums=verify, verification_record=output_dir / RECORD_NAME)
     except FileNotFoundError as error:
         hint = ""
         if Path(path).resolve() == SAMPLE_SHARDS.resolve():
@@ -229,5 +231,5 @@ class PretrainChecks:
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
-        self.shard_set = _open_shard_set(cfg, self.model_config)
+        self.shard_set = _open_shard_set(cfg, self.model_config, self.output_dir)
         self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)

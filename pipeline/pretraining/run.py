@@ -4,9 +4,14 @@ benchmarks call it with a composed config (pipeline.core.app.compose("train", ov
 
 A run leaves, in its output directory: checkpoints/ (periodic step*.ckpt and last.ckpt), csv/metrics.csv,
 curves.png, hf_export/ (transformers-loadable), wandb/ (if enabled) and Hydra's .hydra/ config record.
+
+Under SLURM, the requeue signal (SIGUSR1, before the time limit or a preemption) ends the run at the next optimizer
+step with checkpoints/last.ckpt saved and the job requeued (pipeline/core/requeue.py): train() then returns with
+"requeued" set, and pipeline/train.py exits with REQUEUED_EXIT_CODE.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -19,8 +24,9 @@ from pytorch_lightning.strategies import DeepSpeedStrategy
 from model import BertForPreTraining
 from pipeline.core.callbacks.progress import StepProgressBar
 from pipeline.core.callbacks.throughput import ThroughputMonitor
-from pipeline.core.checkpoints import AtomicCheckpointIO
+from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
+from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
 from pipeline.core.strategies import build_strategy
 from pipeline.core.weights import CHECKPOINT_DIR, load_pretraining_weights
 from pipeline.pretraining.checks import PretrainChecks
@@ -34,7 +40,7 @@ log = logging.getLogger("pipeline.pretraining")
 def _build_callbacks(cfg: DictConfig, checkpoint_dir: Path, progress_bar: bool
                      ) -> tuple[list[pl.Callback], ModelCheckpoint]:
     every = int(cfg.callbacks.checkpoint.get("every_n_train_steps") or 0)
-    checkpoint = ModelCheckpoint(
+    checkpoint = ResumingModelCheckpoint(
         dirpath=str(checkpoint_dir), filename="step{step:07d}", auto_insert_metric_name=False,
         every_n_train_steps=every, every_n_epochs=0, save_top_k=-1 if every else 0,
         save_last=bool(cfg.callbacks.checkpoint.get("save_last", True)), save_on_train_epoch_end=False,
@@ -75,8 +81,18 @@ def _floats(metrics: dict[str, Any]) -> dict[str, float]:
 
 def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Train as `cfg` says; returns {"metrics", "global_step", "rank", "output_dir", "checkpoints",
-    "last_checkpoint", "csv", "plot", "hf_export"} (paths as strings, None for what was not written; csv, plot and
-    hf_export on rank 0 only). extra_callbacks: added to the Trainer's (tests use it)."""
+    "last_checkpoint", "csv", "plot", "hf_export", "requeued"} (paths as strings, None for what was not written;
+    csv, plot and hf_export on rank 0 only; requeued: the SLURM job id when the run stopped to be requeued).
+    extra_callbacks: added to the Trainer's (tests use it)."""
+    plugins = cluster_plugins()
+    # Under SLURM the requeue signal is handled from the very start: one arriving during the checks is kept, and
+    # acted on at the first step (it would otherwise kill the process, without a checkpoint or a requeue).
+    with RequeueRequest() if plugins else contextlib.nullcontext() as requeue_request:
+        return _train(cfg, extra_callbacks, plugins, requeue_request)
+
+
+def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: list,
+           requeue_request: RequeueRequest | None) -> dict[str, Any]:
     plan = PretrainChecks(cfg)
     output_dir = plan.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -103,25 +119,44 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
     run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks, checkpoint_callback = _build_callbacks(cfg, checkpoint_dir,
                                                       bool(plan.trainer_cfg.get("enable_progress_bar", True)))
+    if requeue_request is not None:
+        callbacks.append(RequeueOnSignal(requeue_request, checkpoint_dir))
+    requeued: RequeueRequested | None = None
+    last_checkpoint = None
     with wandb_environment(output_dir):
-        # Resuming: from ckpt_path, or (SLURM requeue) from the hpc_ckpt_*.ckpt Lightning finds in default_root_dir.
+        # Resuming: from ckpt_path (auto: the run's newest complete checkpoint, what every SLURM start passes), or
+        # from an hpc_ckpt_*.ckpt that Lightning's own SLURM requeue wrote (earlier versions) in default_root_dir.
         resuming = plan.ckpt_path is not None or any(output_dir.glob("hpc_ckpt_*.ckpt"))
         loggers = build_loggers(cfg.logger, output_dir, run_config=run_config, resume=resuming)
         try:
             strategy = _build_strategy(cfg, plan)
             trainer = pl.Trainer(**plan.trainer_cfg, **plan.validation, accumulate_grad_batches=plan.accumulation,
-                                 strategy=strategy, logger=loggers, plugins=_checkpoint_plugins(strategy),
+                                 strategy=strategy, logger=loggers, plugins=[*_checkpoint_plugins(strategy), *plugins],
                                  callbacks=[*callbacks, *extra_callbacks], default_root_dir=str(output_dir))
-            trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
-            last_checkpoint = _save_final_checkpoint(trainer, checkpoint_callback, checkpoint_dir)
+            try:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=plan.ckpt_path)
+            except RequeueRequested as stop:
+                requeued = stop
+            else:
+                last_checkpoint = _save_final_checkpoint(trainer, checkpoint_callback, checkpoint_dir)
         finally:
-            finish_wandb(loggers)
+            finish_wandb(loggers)   # when requeued, RequeueOnSignal finished it already, marked preempted
 
     result: dict[str, Any] = {
         "metrics": _floats(trainer.callback_metrics), "global_step": trainer.global_step, "rank": trainer.global_rank,
         "output_dir": str(output_dir), "checkpoints": sorted(str(p) for p in checkpoint_dir.glob("*.ckpt")),
-        "last_checkpoint": last_checkpoint, "csv": None, "plot": None, "hf_export": None,
+        "last_checkpoint": last_checkpoint, "csv": None, "plot": None, "hf_export": None, "requeued": None,
     }
+    if requeued is not None:
+        if requeued.error:
+            raise RuntimeError(f"stopped at step {requeued.global_step} to be requeued, with {requeued.checkpoint} "
+                               f"saved, but {requeued.error}. Submit the job again with the same run directory "
+                               "(RUN_DIR=...): it resumes from there")
+        result["last_checkpoint"], result["requeued"] = str(requeued.checkpoint), requeued.job
+        if trainer.is_global_zero:
+                log.info("requeued as job %s at step %d: it resumes from %s when it starts again", requeued.job,
+                     requeued.global_step, requeued.checkpoint)
+        return result
     if not trainer.is_global_zero:
         return result
     csv_path = csv_metrics_path(output_dir)

@@ -13,6 +13,7 @@ from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
 
 from pipeline.core.app import TRAINING_CONFIGS, compose
 from pipeline.core.cpu_deepspeed import CPUDeepSpeedStrategy
+from pipeline.core.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
 from pipeline.core.strategies import build_strategy, deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +150,8 @@ def test_build_ddp(accelerator, backend):
                                     "static_graph": False}
 
 
-@pytest.mark.parametrize("accelerator, strategy_class", [("cpu", CPUDeepSpeedStrategy), ("cuda", DeepSpeedStrategy)])
+@pytest.mark.parametrize("accelerator, strategy_class", [("cpu", CPUDeepSpeedStrategy),
+                                                         ("cuda", CompleteCheckpointsDeepSpeedStrategy)])
 def test_build_deepspeed(accelerator, strategy_class, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     strategy = _build("deepspeed_stage_3", accelerator)

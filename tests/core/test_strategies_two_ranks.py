@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pipeline.core.app import compose
+from pipeline.core.checkpoint_files import is_complete
 from pipeline.core.strategies import deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -194,8 +195,10 @@ def test_deepspeed_zero_two_cpu_processes_checkpoint_consolidates_exactly(stage,
     w0, w1 = (torch.load(out / f"weights-rank{r}.pt") for r in (0, 1))
     assert_same_weights(w0["final"], w1["final"])
     assert not torch.equal(w0["final"]["net.0.weight"], w0["initial"]["net.0.weight"])
-    assert sorted(p.name for p in (out / "sharded.ckpt" / "checkpoint").iterdir() if "optim_states" in p.name) == [
+    tag = (out / "sharded.ckpt" / "latest").read_text().strip()     # pipeline/core/deepspeed_checkpoints.py
+    assert sorted(p.name for p in (out / "sharded.ckpt" / tag).iterdir() if "optim_states" in p.name) == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
+    assert is_complete(out / "sharded.ckpt")
     consolidated = torch.load(out / "consolidated.pt", weights_only=False)
     assert consolidated["global_step"] == 5
     assert_same_weights(consolidated["state_dict"], w0["final"])        # bit for bit

@@ -40,8 +40,12 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(small_shards, tmp_pa
     assert checkpoint.is_file()
     assert not (resumed_dir / "checkpoints" / f"step{N:07d}.ckpt").exists()
 
+    saved = checkpoint.read_bytes()
     resumed = training_process(overrides(small_shards, resumed_dir, f"ckpt_path={checkpoint}"))
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    # Not saved again at the resumed step's first micro-batch (Lightning's ModelCheckpoint would, with accumulation:
+    # a state in the middle of a step, over the checkpoint it resumed from)
+    assert checkpoint.read_bytes() == saved
 
     a = torch.load(straight_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(resumed_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
