@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
         if workflow.action == "plan":
             print(launch.plan(workflow, specs))
         elif workflow.action == "status":
-            from pipeline.orchestration.status import format_status, workflow_status
-            print(format_status(workflow, workflow_status(workflow, specs)))
+            from pipeline.orchestration.status import format_status
+            print(format_status(workflow, specs))
         elif workflow.action == "report":
-            print(f"Snakemake's report (stage graph, times, scores and pictures): {launch.html_report(workflow, specs)}")
+            print(f"Snakemake's report (stage graph, times, scores, pictures): {launch.html_report(workflow, specs)}")
         elif workflow.launcher == "slurm":
             return launch.submit_controller(workflow, specs)
         else:

@@ -38,9 +38,10 @@ def say(message: str) -> None:
     print(f"[{runs.now()}] {message}", flush=True)
 
 
-def finished_stages(launch: dict) -> list[str]:
-    """The stages whose run of the version they would run now finished, and whose sentinel names its content."""
-    root, done = Path(launch["workflow"]["root"]), []
+def adoption(launch: dict) -> tuple[list[str], list[str]]:
+    """(stages done: their run of the version they would run now finished, and their sentinel names its content;
+    stages to run again: a sentinel of anything else, e.g. of another config, which Snakemake could take as done)."""
+    root, done, again = Path(launch["workflow"]["root"]), [], []
     for name, raw in launch["stages"].items():
         spec, sentinel = StageSpec.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
         if spec.entry == "report" or sentinel is None:
@@ -48,12 +49,26 @@ def finished_stages(launch: dict) -> list[str]:
         try:
             contents = {role: i["content"] for role, i in read_inputs(root, spec).items()}
         except StageError:
+            again.append(name)
             continue
         version = runs.version_name(spec.identity, contents, spec.rerun)
         record = runs.read_json(root / name / version / runs.RECORD) or {}
-        if record.get("finished") and record.get("content") == sentinel["content"]:
-            done.append(name)
-    return done
+        (done if record.get("finished") and record.get("content") == sentinel["content"] else again).append(name)
+    return done, again
+
+
+def adopt(config: Path) -> list[str]:
+    """Snakemake's records made to agree with the sentinels that stage jobs wrote while no Snakemake watched: the
+    stages done are marked so (their current parameters and input checksums recorded); returns the stages to run
+    again."""
+    launch = runs.read_json(config)
+    done, again = adoption(launch)
+    if done:
+        argv, env = snakemake(config, "--touch", "--cores", "1", "--forcerun", *done, "--allowed-rules", *done,
+                              "--", *(str(runs.sentinel_path(Path(launch["workflow"]["root"]), n)) for n in done))
+        subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    say(f"done: {', '.join(done) or 'none'}; to run again: {', '.join(again) or 'none'}")
+    return again
 
 
 class Controller:
@@ -107,15 +122,10 @@ class Controller:
             say(f"cannot see the queue ({error}): not submitting anything")
             return 1
         if self.signalled is None:
-            done = finished_stages(self.launch)
             argv, env = snakemake(self.config, "--unlock")      # we hold the root's lock: any other is stale
             subprocess.run(argv, env=env, capture_output=True, text=True)
-            if done:
-                say(f"finished while no Snakemake watched, adopted: {', '.join(done)}")
-                argv, env = snakemake(self.config, "--touch", "--cores", "1", "--forcerun", *done, "--allowed-rules",
-                                      *done, "--", *(str(runs.sentinel_path(self.workflow.root, n)) for n in done))
-                subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
-            argv, env = run_command(self.config)
+            again = adopt(self.config)
+            argv, env = run_command(self.config, again)
             self.child = subprocess.Popen(argv, env=env, start_new_session=True)
             self.stop_snakemake()                                # a signal that came just before it started
             code = self.child.wait()

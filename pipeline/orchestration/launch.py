@@ -64,12 +64,13 @@ def snakemake(config: Path, *args: str, workdir: Path | None = None) -> tuple[li
     return argv, {**env, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def run_command(config: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
-    """The launch's run: every stage that must run (--forcerun: those asked to run again on new code)."""
+def run_command(config: Path, forcerun: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """The launch's run: every stage that must run (--forcerun: those asked to run again on new code, and any
+    other given)."""
     launch = runs.read_json(config)
     wf, code = launch["workflow"], Path(launch["code"])
-    rerun = [name for name, stage in launch["stages"].items() if stage["rerun"]]
-    args = ["--forcerun", *rerun] if rerun else []
+    rerun = [*forcerun, *(name for name, stage in launch["stages"].items() if stage["rerun"])]
+    args = ["--forcerun", *dict.fromkeys(rerun)] if rerun else []
     if launch["executor"] == "slurm":
         args += ["--profile", str(code / "infra" / "slurm" / "snakemake"),
                  "--slurm-logdir", str(Path(wf["root"]) / STATE_DIR / SLURM_LOG_DIR),
@@ -77,7 +78,7 @@ def run_command(config: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
                  "--jobs", str(wf["slurm"]["max_jobs"])]
     else:
         args += ["--cores", str(wf["local_jobs"])]
-    return snakemake(config, *args, *wf["snakemake_args"], *extra)
+    return snakemake(config, *args, *wf["snakemake_args"])
 
 
 def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -> Path:
@@ -170,7 +171,7 @@ def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
     packages = identity.package_versions()
     for name, spec in specs.items():
         status, runs_it = rows.get(name, ("missing", True))
-        notes = [status if runs_it or status != "ok" else "done, up to date"]
+        notes = [{("ok", True): "an input stage runs", ("ok", False): "done, up to date"}.get((status, runs_it), status)]
         ran = runs.read_json(workflow.root / name / runs.CURRENT / runs.RECORD) or {}
         if ran and ran.get("identity") != spec.identity:
             changed = identity.changed_keys(ran.get("document") or {}, spec.document)

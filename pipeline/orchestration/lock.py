@@ -1,15 +1,9 @@
-"""One launch at a time on a workflow root: <root>/_workflow/lock.json, created exclusively (O_CREAT|O_EXCL, atomic on
-local disks and on NFS, Lustre and GPFS alike, where flock may be missing or lock one node only) and naming its holder:
-
-- a local run (host, pid) for its whole length;
-- a SLURM launch: the launching process while it submits, then the controller job (its id) while it waits in the
-  queue, runs, and is requeued; the controller removes it when it ends.
-
-A second launch is refused, naming the holder, unless the holder is gone: a process no longer alive on this host, a
-job SLURM no longer runs (asked of squeue, then of the accounting once the job has left slurmctld). Then the lock is
-taken over, and the launch releases Snakemake's own lock, which the dead holder left (`snakemake --unlock`). When that cannot be told (another host,
-SLURM not answering), the refusal says which file to remove once the holder is known to be gone.
-"""
+"""One launch at a time on a workflow root: <root>/_workflow/lock.json, created exclusively (O_EXCL: atomic on local
+disks, NFS, Lustre and GPFS alike, where flock may be missing or lock one node only), names its holder: a local run
+(host, pid) for its whole length; for SLURM the launching process, then the controller job (its id) while it waits in
+the queue, runs and is requeued. A second launch is refused, naming the holder, unless the holder is gone (a dead
+process on this host, a job SLURM no longer runs): then it is taken over, and the caller releases Snakemake's own
+lock, which the dead holder left. When that cannot be told, the refusal says which file to remove."""
 from __future__ import annotations
 
 import json
@@ -68,7 +62,7 @@ class LaunchLock:
                                     f"(scancel {holder['job_id']}) and launch again.")
         elif holder and holder.get("host") != socket.gethostname():
             raise WorkflowError(f"{running}, whose process cannot be seen from this host; {remove}")
-        elif holder and _alive(holder.get("pid")):
+        elif holder and alive(holder.get("pid")):
             raise WorkflowError(f"{running} (its process is alive). Wait for it, or stop it (Ctrl-C) and launch "
                                 "again.")
         print(f"taking over the lock of {describe(holder)}: it is gone", flush=True)
@@ -94,7 +88,7 @@ class LaunchLock:
         self.release()
 
 
-def _alive(pid: Any) -> bool:
+def alive(pid: Any) -> bool:
     try:
         os.kill(int(pid), 0)
     except (ProcessLookupError, TypeError, ValueError):

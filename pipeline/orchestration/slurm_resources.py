@@ -111,8 +111,8 @@ def sbatch_line(resources: Mapping[str, Any]) -> str:
         def __init__(self):
             self.resources = type("Resources", (dict,), {"__getattr__": dict.get})(resources)
 
-    params = {"run_uuid": "<job name>", "slurm_logfile": "<log>", "comment_str": "<rule>", "workdir": "<root>",
+    params = {"run_uuid": "NAME", "slurm_logfile": "LOG", "comment_str": "RULE", "workdir": "",
               "account": f"-A {resources['slurm_account']}" if resources.get("slurm_account") else "",
               "partition": f"-p {resources['slurm_partition']}" if resources.get("slurm_partition") else ""}
     line = get_submit_command(Job(), params) + set_gres_string(Job())
-    return re.sub(r"--job-name \S+ --output \S+ --export=ALL --comment \S+ ", "", line)
+    return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE", "").split())

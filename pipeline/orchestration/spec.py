@@ -110,8 +110,8 @@ def validate(raw: dict[str, Any]) -> dict[str, Any]:
     raw = json.loads(json.dumps(raw))
     try:
         snakemake_validate(raw, str(SCHEMA))
-    except Exception as error:                       # snakemake's WorkflowError wraps jsonschema's
-        cause = next((a for a in getattr(error, "args", ()) if isinstance(a, ValidationError)), error.__cause__)
+    except Exception as error:                       # Snakemake's WorkflowError, raised while handling jsonschema's
+        cause = error.__context__
         if not isinstance(cause, ValidationError):
             raise
         where = ".".join(["workflow", *map(str, cause.absolute_path)])

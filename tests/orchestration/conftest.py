@@ -33,16 +33,21 @@ def workflow_env(repo: Path, extra: dict | None = None) -> dict[str, str]:
 
 
 class Workflow:
-    """The tiny workflow in `root`, run from checkout `repo`."""
+    """The tiny workflow in `root`, run from checkout `repo`; with root=None as the README writes it
+    (`python pipeline/workflow.py +workflow=tiny`, its default root outputs/workflows/tiny) in directory `cwd`,
+    which is the checkout unless given (then the program is named by its path in the checkout)."""
 
-    def __init__(self, repo: Path, root: Path, env: dict | None = None):
-        self.repo, self.root, self.extra_env = repo, root, env or {}
+    def __init__(self, repo: Path, root: Path | None, env: dict | None = None, cwd: Path | None = None):
+        self.repo, self.cwd, self.extra_env = repo, cwd or repo, env or {}
+        self.args = [f"workflow.root={root}"] if root else []
+        self.root = root or self.cwd / "outputs" / "workflows" / "tiny"
 
     def command(self, *extra: str) -> list[str]:
-        return [sys.executable, "pipeline/workflow.py", "+workflow=tiny", f"workflow.root={self.root}", *extra]
+        program = "pipeline/workflow.py" if self.cwd == self.repo else str(self.repo / "pipeline" / "workflow.py")
+        return [sys.executable, program, "+workflow=tiny", *self.args, *extra]
 
     def run(self, *extra: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-        result = subprocess.run(self.command(*extra), cwd=self.repo, env=workflow_env(self.repo, self.extra_env),
+        result = subprocess.run(self.command(*extra), cwd=self.cwd, env=workflow_env(self.repo, self.extra_env),
                                 capture_output=True, text=True, timeout=timeout)
         print(result.stdout[-6000:], result.stderr[-6000:])
         return result
@@ -51,17 +56,20 @@ class Workflow:
         """In the background, in a process group of its own (as a terminal runs it), output to `log` (a pipe that
         nobody reads would block it)."""
         with open(log, "wb") as handle:
-            return subprocess.Popen(self.command(*extra), cwd=self.repo, env=workflow_env(self.repo, self.extra_env),
+            return subprocess.Popen(self.command(*extra), cwd=self.cwd, env=workflow_env(self.repo, self.extra_env),
                                     stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
 
     def plan(self, *extra: str) -> dict[str, str]:
-        """stage -> 'run: <reason>' or 'skip: ...' from workflow.action=plan."""
+        """stage -> 'run: <reasons>' or 'skip: ...' from workflow.action=plan (and 'sbatch <stage>': its options)."""
         result = self.run("workflow.action=plan", *extra)
         assert result.returncode == 0, result.stdout + result.stderr
-        lines = {}
+        lines, stage = {}, None
         for line in result.stdout.splitlines()[1:-1]:
             name, _, rest = line.strip().partition("  ")
-            lines[name] = rest.strip()
+            if name.startswith("sbatch "):
+                lines[f"sbatch {stage}"] = name.removeprefix("sbatch ") + "  " + rest
+            else:
+                stage, lines[name] = name, rest.strip()
         return lines
 
     def status(self, *extra: str) -> dict[str, str]:
@@ -74,3 +82,9 @@ class Workflow:
 @pytest.fixture
 def tiny_workflow(tmp_path) -> Workflow:
     return Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf")
+
+
+@pytest.fixture
+def readme_workflow(tmp_path) -> Workflow:
+    """The README's command as written, from the repository root."""
+    return Workflow(copy_checkout(tmp_path / "checkout"), None)
