@@ -137,7 +137,7 @@ def submit_controller(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
     lock.update(job_id=job_id, submitted=runs.now(), log=str(log), config=str(config))
     print(f"workflow {workflow.name}: controller job {job_id} submitted; it runs the stages as SLURM jobs.\n"
           f"  log:    tail -f {log}\n  status: python pipeline/workflow.py +workflow={workflow.name} "
-          f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (cancels its stage jobs)")
+          f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (and its stage jobs)")
     return 0
 
 
@@ -171,7 +171,8 @@ def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
     packages = identity.package_versions()
     for name, spec in specs.items():
         status, runs_it = rows.get(name, ("missing", True))
-        notes = [{("ok", True): "an input stage runs", ("ok", False): "done, up to date"}.get((status, runs_it), status)]
+        notes = [{("ok", True): "an input stage runs", ("ok", False): "done, up to date"}.get((status, runs_it),
+                                                                                                status)]
         ran = runs.read_json(workflow.root / name / runs.CURRENT / runs.RECORD) or {}
         if ran and ran.get("identity") != spec.identity:
             changed = identity.changed_keys(ran.get("document") or {}, spec.document)
@@ -186,7 +187,8 @@ def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
             notes.append(f"code changed since it ran ({ran['code_version']} -> {spec.code_version}): "
                          + ("it runs again on it" if spec.rerun else
                             f"to run it again on it, workflow.rerun_code_changed=[{name}]"))
-        moved = [f"{p} {v} -> {packages.get(p)}" for p, v in (ran.get("packages") or {}).items() if packages.get(p) != v]
+        moved = [f"{p} {v} -> {packages.get(p)}" for p, v in (ran.get("packages") or {}).items()
+                 if packages.get(p) != v]
         if moved:
             notes.append(f"packages changed since it ran: {', '.join(moved)}")
         lines.append(f"  {name:<{width}}  {'run' if runs_it else 'skip'}: {'; '.join(notes)}")

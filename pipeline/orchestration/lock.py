@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from pathlib import Path
 from typing import Any
 
 from pipeline.orchestration import runs

@@ -51,7 +51,8 @@ def write_json(path: Path, record: Any) -> None:
 
 
 def version_name(identity: str, input_contents: Mapping[str, str], rerun: str | None = None) -> str:
-    record = {"identity": identity, "inputs": dict(sorted(input_contents.items())), **({"rerun": rerun} if rerun else {})}
+    record = {"identity": identity, "inputs": dict(sorted(input_contents.items()))}
+    record.update({"rerun": rerun} if rerun else {})     # a run on new code, asked for: a directory of its own
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 

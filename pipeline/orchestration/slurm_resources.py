@@ -115,4 +115,5 @@ def sbatch_line(resources: Mapping[str, Any]) -> str:
               "account": f"-A {resources['slurm_account']}" if resources.get("slurm_account") else "",
               "partition": f"-p {resources['slurm_partition']}" if resources.get("slurm_partition") else ""}
     line = get_submit_command(Job(), params) + set_gres_string(Job())
-    return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE", "").split())
+    return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE",
+                                 "").split())

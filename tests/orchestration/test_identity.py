@@ -93,6 +93,12 @@ def test_a_config_change_changes_that_stage_only(tmp_path):
     # its readers re-run when what it made changed (its sentinel's content), not because their identity changed
 
 
+def test_an_environment_variable_counts_for_the_stages_whose_config_reads_it(tmp_path):
+    base = _identities(tmp_path)
+    glue = _identities(tmp_path, "workflow.env.GLUE_DIR=/data/glue")    # sst2's data.dir: ${task_data_dir:GLUE_DIR,..}
+    assert {name for name in base if base[name] != glue[name]} == {"finetune_sst2"}
+
+
 def test_the_identity_document_says_what_changed(tmp_path):
     wf = lambda *o: stage_specs(load_workflow(["+workflow=tiny", f"workflow.root={tmp_path}", *o]),
                                 check_shapes=False)["finetune_sst2"].document
@@ -101,10 +107,11 @@ def test_the_identity_document_says_what_changed(tmp_path):
     assert "logger" not in json.dumps(old["config"]).replace('"logger": {}', "")
 
 
-IDENTITIES = ("import json; from pipeline.orchestration import identity; from pipeline.orchestration.spec import "
-              "load_workflow; from pipeline.orchestration.stages import stage_specs; wf = load_workflow(['+workflow=tiny',"
-              " 'workflow.root=/nonexistent/wf']); specs = stage_specs(wf, check_shapes=False); print(json.dumps("
-              "{n: [s.identity, s.code_version] for n, s in specs.items()}))")
+IDENTITIES = ("import json; from pipeline.orchestration.spec import load_workflow; "
+              "from pipeline.orchestration.stages import stage_specs; "
+              "wf = load_workflow(['+workflow=tiny', 'workflow.root=/nonexistent/wf']); "
+              "specs = stage_specs(wf, check_shapes=False); "
+              "print(json.dumps({n: [s.identity, s.code_version] for n, s in specs.items()}))")
 
 
 def test_a_comment_in_the_code_changes_no_identity_only_the_code_version(tmp_path):
@@ -159,8 +166,9 @@ def test_the_code_version_covers_every_module_the_entry_point_imports():
     """The static import analysis misses nothing that running the entry point's modules imports."""
     probe = ("import sys; import pipeline.finetuning.run, pipeline.core.app; from pathlib import Path; "
              f"root = Path({str(REPO_ROOT)!r}); "
-             "print('\\n'.join(sorted(str(Path(m.__file__).resolve().relative_to(root)) for m in list(sys.modules.values())"
-             " if getattr(m, '__file__', None) and Path(m.__file__).is_absolute() and Path(m.__file__).resolve().is_relative_to(root))))")
+             "print('\\n'.join(sorted(str(Path(m.__file__).resolve().relative_to(root)) "
+             "for m in list(sys.modules.values()) if getattr(m, '__file__', None) and Path(m.__file__).is_absolute() "
+             "and Path(m.__file__).resolve().is_relative_to(root))))")
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                               cwd=REPO_ROOT).stdout.split()
     assert imported and set(imported) <= set(identity.code_files("finetune"))

@@ -11,7 +11,8 @@ count below is the accounting's (sacct).
 - A stage that fails is retried, then stops exactly its dependents; the status says which failed and where its log
   is; a relaunch finishes the rest, its controller requeueing itself on the way without cancelling the stage job.
 - The controller's own failures: SIGTERM while it waits for earlier stage jobs cancels them; a launch after the
-  controller has left slurmctld (MinJobAge) is not refused; a failed `scontrol requeue` is said.
+  controller has left slurmctld (MinJobAge) is not refused; a failed `scontrol requeue` is said. `mem: "0"` asks for
+  all of a node's memory.
 """
 from __future__ import annotations
 
@@ -206,6 +207,7 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     from pipeline.orchestration.controller import Controller
     from pipeline.orchestration.launch import job_name_prefix, write_launch
     from pipeline.orchestration.lock import LaunchLock
+    from pipeline.orchestration.slurm_resources import rule_resources, sbatch_line
     from pipeline.orchestration.spec import load_workflow
     from pipeline.orchestration.stages import stage_specs
 
@@ -239,3 +241,7 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     config = write_launch(workflow, stage_specs(workflow, check_shapes=False), wf.repo)
     monkeypatch.setenv("SLURM_JOB_ID", "999999")
     assert Controller(config).requeue() == 1
+
+    # mem "0": all of a node's memory (the test node's RealMemory), which the executor cannot send as --mem=0
+    resources = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem": "0", "time": "00:10:00"}
+    assert "--mem 16000" in sbatch_line(rule_resources(resources, "train", {}))
