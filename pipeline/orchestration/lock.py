@@ -41,37 +41,30 @@ class LaunchLock:
             try:
                 descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                self._take_over_if_gone(self.holder())
+                holder_now = self.holder()
+                refuse_if_alive(self.workflow, holder_now)
+                self._take_over(holder_now)
                 continue
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
                 handle.write(json.dumps({"workflow": self.workflow.name, **holder}, indent=2) + "\n")
             return
         raise WorkflowError(f"could not take {self.path}: other launches keep taking it")
 
-    def _take_over_if_gone(self, holder: dict[str, Any] | None) -> None:
-        running = f"workflow {self.workflow.name} in {self.workflow.root} is already running: {describe(holder)}"
-        remove = f"if it is gone, remove {self.path} and launch again"
-        if holder and holder.get("job_id"):
-            try:
-                state = job_state(str(holder["job_id"]))
-            except QueueError as error:
-                raise WorkflowError(f"{running}? SLURM cannot tell ({error}); {remove}") from None
-            if state in ACTIVE_STATES:
-                raise WorkflowError(f"{running} (job {holder['job_id']} is {state}). Wait for it, or stop it "
-                                    f"(scancel {holder['job_id']}) and launch again.")
-        elif holder and holder.get("host") != socket.gethostname():
-            raise WorkflowError(f"{running}, whose process cannot be seen from this host; {remove}")
-        elif holder and alive(holder.get("pid")):
-            raise WorkflowError(f"{running} (its process is alive). Wait for it, or stop it (Ctrl-C) and launch "
-                                "again.")
+    def _take_over(self, holder: dict[str, Any] | None) -> None:
         print(f"taking over the lock of {describe(holder)}: it is gone", flush=True)
         stale = self.path.with_name(f".{LOCK_FILE}.stale.{os.getpid()}")
         try:
             os.rename(self.path, stale)      # atomic: of two launches taking it over, one renames it
-            stale.unlink()
-            self.took_over = True            # the caller releases the dead holder's Snakemake lock (--unlock)
         except FileNotFoundError:
-            pass
+            return
+        if runs.read_json(stale) != holder:  # another launch took it over just now: its lock goes back
+            try:
+                os.link(stale, self.path)
+            except FileExistsError:
+                pass
+        else:
+            self.took_over = True            # the caller releases the dead holder's Snakemake lock (--unlock)
+        stale.unlink()
 
     def update(self, **fields: Any) -> None:
         runs.write_json(self.path, {**(self.holder() or {}), **fields})
@@ -97,8 +90,27 @@ def alive(pid: Any) -> bool:
     return True
 
 
+def refuse_if_alive(workflow: Workflow, holder: dict[str, Any] | None) -> None:
+    """Raises WorkflowError, naming the holder of the root's lock, unless it is gone."""
+    lock_file = workflow.state_dir / LOCK_FILE
+    running = f"workflow {workflow.name} in {workflow.root} is already running: {describe(holder)}"
+    remove = f"if it is gone, remove {lock_file} and launch again"
+    if holder and holder.get("job_id"):
+        try:
+            state = job_state(str(holder["job_id"]))
+        except QueueError as error:
+            raise WorkflowError(f"{running}? SLURM cannot tell ({error}); {remove}") from None
+        if state in ACTIVE_STATES:
+            raise WorkflowError(f"{running} (job {holder['job_id']} is {state}). Wait for it, or stop it "
+                                f"(scancel {holder['job_id']}) and launch again.")
+    elif holder and holder.get("host") != socket.gethostname():
+        raise WorkflowError(f"{running}, whose process cannot be seen from this host; {remove}")
+    elif holder and alive(holder.get("pid")):
+        raise WorkflowError(f"{running} (its process is alive). Wait for it, or stop it (Ctrl-C) and launch again.")
+
+
 def refuse_if_running(workflow: Workflow) -> None:
-    """Say at once, before minutes of composing and checking, that another launch holds this root."""
-    if LaunchLock(workflow).holder() is not None:
-        with LaunchLock(workflow):
-            pass
+    """Say at once, before minutes of composing and checking, that another launch holds this root (taking nothing)."""
+    holder = LaunchLock(workflow).holder()
+    if holder is not None:
+        refuse_if_alive(workflow, holder)

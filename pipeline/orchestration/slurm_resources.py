@@ -58,8 +58,11 @@ def node_memory_mb(partition: str | None) -> int | None:
     options). None without sinfo."""
     if shutil.which("sinfo") is None:
         return None
-    out = subprocess.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
-                         capture_output=True, text=True, timeout=60).stdout
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
+                             capture_output=True, text=True, timeout=15).stdout
+    except subprocess.TimeoutExpired:         # no SLURM configuration here (sinfo retries for a minute)
+        return None
     sizes = [int(v.rstrip("+")) for v in out.split() if v.rstrip("+").isdigit()]
     return min(sizes) if sizes else None
 

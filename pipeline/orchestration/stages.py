@@ -175,6 +175,5 @@ def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stag
             identity=identity.identity_hash(document), document=document, resources=stage.resources,
             upstream=list(stage.upstream), code_version=code,
             rerun=code if asked and ran.get("finished") and ran.get("code_version") != code else None)
-    if workflow.action == "run":
-        checksums.save()
+    checksums.save()                      # every stage passed: the next launch hashes only what changed
     return specs
