@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from pipeline.orchestration import identity, runs
 from pipeline.orchestration.spec import load_workflow
 from pipeline.orchestration.stages import compose_stage, stage_specs
+from tests.helpers.workflows import copy_checkout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STAGE_OF = {"data_prep": "prep_phase1", "train": "pretrain_phase1", "finetune": "finetune_sst2"}
@@ -115,7 +116,6 @@ IDENTITIES = ("import json; from pipeline.orchestration.spec import load_workflo
 
 
 def test_a_comment_in_the_code_changes_no_identity_only_the_code_version(tmp_path):
-    from conftest import copy_checkout
     repo = copy_checkout(tmp_path / "checkout")
 
     def identities():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import STAGES
+from tests.helpers.workflows import STAGES
 
 PHASE1 = ["trainer.max_steps=20", "scheduler.warmup_steps=2", "data.global_batch_size=8", "data.num_workers=0",
           "trainer.log_every_n_steps=5", "callbacks.checkpoint.every_n_train_steps=10",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import STAGES, Workflow, copy_checkout
+from tests.helpers.workflows import STAGES, Workflow, copy_checkout
 
 WAIT_S = 2400
 SLURM_SETTINGS = ("workflow.launcher=slurm", "workflow.slurm.account=bert", "workflow.slurm.controller.mem=1G",
