@@ -94,18 +94,19 @@ def test_tiny_workflow_runs_locally_and_reruns_exactly_what_changed(readme_workf
     assert _attempts(root) == {**attempts, "finetune_sst2": 2}
     assert _run_dir(root, "finetune_sst2") != old_finetune and (old_finetune / "metrics.json").is_file()
 
-    # A comment in the code every Lightning stage imports: nothing re-runs; plan says so, and how to re-run one
+    # A comment in the code every Lightning stage imports: nothing re-runs; plan says so, and how to re-run one; and
+    # a package version that differs from the one a stage ran with
     devices = wf.repo / "pipeline" / "core" / "devices.py"
     devices.write_text(devices.read_text() + "\n# a comment\n")
-    plan = wf.plan()
-    assert all(plan[s].startswith("skip: done") for s in STAGES), plan
-    assert "code changed since it ran" in plan["pretrain_phase1"] and "code changed" not in plan["export"], plan
-    assert "workflow.rerun_code_changed=[finetune_sst2]" in plan["finetune_sst2"], plan
     record_path = _run_dir(root, "export") / "workflow_stage.json"
     record = json.loads(record_path.read_text())
     record["packages"]["torch"] = "0.0"
     record_path.write_text(json.dumps(record))
-    assert "packages changed since it ran: torch 0.0 -> " in wf.plan()["export"]
+    plan = wf.plan()
+    assert all(plan[s].startswith("skip: done") for s in STAGES), plan
+    assert "code changed since it ran" in plan["pretrain_phase1"] and "code changed" not in plan["export"], plan
+    assert "workflow.rerun_code_changed=[finetune_sst2]" in plan["finetune_sst2"], plan
+    assert "packages changed since it ran: torch 0.0 -> " in plan["export"], plan
     assert wf.run().returncode == 0 and _attempts(root) == {**attempts, "finetune_sst2": 2}
     finetune = _run_dir(root, "finetune_sst2")
     assert wf.run("workflow.rerun_code_changed=[finetune_sst2]").returncode == 0
