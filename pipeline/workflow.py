@@ -3,18 +3,20 @@
     python pipeline/workflow.py +workflow=tiny                            # the bundled sample on the CPU, minutes
     python pipeline/workflow.py +workflow=tiny workflow.action=plan       # what a run would run, and why
     python pipeline/workflow.py +workflow=tiny workflow.action=status     # done / running / queued / failed
-    python pipeline/workflow.py +workflow=tiny workflow.action=report     # scores, times, Snakemake's HTML report
+    python pipeline/workflow.py +workflow=tiny workflow.action=report     # Snakemake's HTML report: times, scores
     python pipeline/workflow.py +workflow=tiny workflow.launcher=slurm    # a controller job submits the stages
     python pipeline/workflow.py +workflow=bert_base workflow.corpus_root=/data/corpus workflow.launcher=slurm ...
 
 Workflows are conf/workflow/<name>.yaml: stages (data prep of phase 1 and 2, pre-training of phase 1 and 2,
 export), the downstream tasks and the report, each stage its entry point's own config with overrides. Before
 anything runs, every stage's config is composed and passes its entry point's pre-flight checks at the resources
-the stage declares. A stage runs again exactly when its composed config, the code it runs or its inputs' content
-changed; a run directory is never deleted. See pipeline/orchestration/.
+the stage declares. A stage runs again exactly when its result-shaping config or the content of what it reads
+changed; a code edit re-runs nothing unless asked (workflow.rerun_code_changed=[stage]); a run directory is never
+deleted. See pipeline/orchestration/.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 
 from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow
@@ -29,39 +31,34 @@ def main(argv: list[str]) -> int:
         workflow = load_workflow(argv)
         from pipeline.orchestration import launch
         if workflow.launcher == "slurm" and workflow.action in ("run", "status"):
-            launch.check_slurm_tools()    # the first thing a user on the wrong machine needs to hear
+            check_slurm_tools()           # the first thing a user on the wrong machine needs to hear
         if workflow.action == "run":
-            from pipeline.orchestration.guard import refuse_if_running
+            from pipeline.orchestration.lock import refuse_if_running
             refuse_if_running(workflow)
         from pipeline.orchestration.stages import stage_specs
         specs = stage_specs(workflow, check_shapes=workflow.action in ("run", "plan"))
         if workflow.action == "plan":
             print(launch.plan(workflow, specs))
-            return 0
-        if workflow.action == "status":
-            from pipeline.orchestration.status import format_status, workflow_status
-            print(format_status(workflow, *workflow_status(workflow, specs)))
-            return 0
-        if workflow.action == "report":
-            return report(workflow, specs)
-        if workflow.launcher == "slurm":
+        elif workflow.action == "status":
+            from pipeline.orchestration.status import format_status
+            print(format_status(workflow, specs))
+        elif workflow.action == "report":
+            print(f"Snakemake's report (stage graph, times, scores, pictures): {launch.html_report(workflow, specs)}")
+        elif workflow.launcher == "slurm":
             return launch.submit_controller(workflow, specs)
-        return launch.run_local(workflow, specs)
+        else:
+            return launch.run_local(workflow, specs)
+        return 0
     except WorkflowError as error:
         print(f"workflow error: {error}", file=sys.stderr)
         return 2
 
 
-def report(workflow, specs) -> int:
-    from pipeline.orchestration import launch
-    from pipeline.orchestration.report import write_report
-
-    spec_path = launch.write_launch(workflow, specs)
-    path = write_report(spec_path)
-    print(path.read_text(encoding="utf-8"))
-    html = launch.html_report(workflow, spec_path) if (workflow.root / ".snakemake").is_dir() else None
-    print(f"report: {path}" + (f"\nSnakemake's report (stage graph, times, pictures): {html}" if html else ""))
-    return 0
+def check_slurm_tools() -> None:
+    missing = [tool for tool in ("sbatch", "squeue", "sacct") if shutil.which(tool) is None]
+    if missing:
+        raise WorkflowError(f"workflow.launcher=slurm, but {', '.join(missing)} not on the PATH: run this on a SLURM "
+                            "login node (or install the SLURM client), or use workflow.launcher=local")
 
 
 if __name__ == "__main__":

@@ -1,114 +1,153 @@
-"""The SLURM controller: Snakemake with the SLURM executor, itself running as a small SLURM job, so that a
-workflow of days depends on no login shell. `workflow.launcher=slurm` submits it (launch.py) and returns.
+"""The SLURM controller: Snakemake with the SLURM executor, itself running as a small SLURM job (from the launch's code
+snapshot), so that a workflow of days depends on no login shell. `workflow.launcher=slurm` submits it (launch.py).
 
-    python -m pipeline.orchestration.controller <launch spec>      (the job's command)
+    python -m pipeline.orchestration.controller <launch config>      (the job's command)
 
-1. Takes the launch lock and records its job id (guard.py).
-2. Waits for this root's stage jobs that are still queued or running: an earlier controller of this root was
-   killed, or this one was requeued. Snakemake cannot adopt them, and must not submit their stages again; once they
-   end, their sentinels say which finished.
-   Snakemake's records of the sentinels those jobs wrote are then stale (absent, or an earlier try's parameters):
-   a sentinel of the stage's current identity has its record dropped, so Snakemake takes the stage as done
-   (--cleanup-metadata); one of another identity has its stage run again (--forcerun).
-3. Runs Snakemake in its own session, with the job's SLURM_* variables removed but SLURM_CONF kept
-   (snakemake_cli.snakemake_env).
-4. Signals. SIGUSR1 (sbatch --signal=B:USR1@300, before the job's time limit): Snakemake is killed outright, so
-   that it does not cancel the stage jobs, and the job requeues itself; the requeued controller goes on from step 2.
-   SIGTERM (scancel of the controller): passed to Snakemake, which cancels the stage jobs it runs and exits.
-5. When Snakemake ends: the report, also after a failure.
+What Snakemake lacks, and this adds:
+1. Signals, handled from the start. SIGUSR1 (sbatch --signal=B:USR1@N, before the job's time limit): Snakemake is
+   killed outright, so that it cancels no stage job, and the job requeues itself (`scontrol requeue`, checked).
+   SIGTERM (scancel of the controller): Snakemake cancels the stage jobs it runs; before Snakemake runs, the
+   controller cancels this root's stage jobs itself.
+2. A controller started again (requeued, or relaunched after a crash) first waits for this root's stage jobs still
+   queued or running: Snakemake cannot adopt them and must not submit their stages again.
+3. Then it adopts what they finished: a stage whose run of the version it would run now is finished, and whose
+   sentinel names that run's content, is marked done in Snakemake's records (`snakemake --touch` of exactly those
+   stages, which also records its current parameters and input checksums); anything else is Snakemake's to decide.
 """
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from pipeline.core.app import REPO_ROOT
-from pipeline.orchestration import guard, runs
-from pipeline.orchestration.launch import finish
-from pipeline.orchestration.slurm_jobs import QueueError, wait_for_stage_jobs
-from pipeline.orchestration.snakemake_cli import base_args, job_name_prefix, run_args, snakemake_env
+from pipeline.orchestration import runs
+from pipeline.orchestration.launch import job_name_prefix, run_command, snakemake
+from pipeline.orchestration.lock import LaunchLock
+from pipeline.orchestration.slurm_jobs import QueueError, active_stage_jobs, run
 from pipeline.orchestration.spec import WorkflowError, workflow_from_dict
+from pipeline.orchestration.stage import StageError, read_inputs
+from pipeline.orchestration.stages import StageSpec
+
+POLL_S = 30.0
 
 
 def say(message: str) -> None:
     print(f"[{runs.now()}] {message}", flush=True)
 
 
-def adopt_sentinels(workflow, spec_path: Path, launch: dict, env: dict[str, str]) -> list[str]:
-    """Makes Snakemake's records agree with the sentinels, some of which stage jobs wrote while no Snakemake
-    watched (their controller killed or requeued). Without this, a finished stage whose record holds an earlier,
-    failed try's parameters runs again, and one finished under another config stands as done. Returns the stages
-    to run again."""
-    current, rerun = [], []
-    for name, stage in launch["stages"].items():
-        sentinel = runs.read_json(runs.sentinel_path(workflow.root, name))
-        if sentinel is None or stage["entry"] == "report":
+def adoption(launch: dict) -> tuple[list[str], list[str]]:
+    """(stages done: their run of the version they would run now finished, and their sentinel names its content;
+    stages to run again: a sentinel of anything else, e.g. of another config, which Snakemake could take as done)."""
+    root, done, again = Path(launch["workflow"]["root"]), [], []
+    for name, raw in launch["stages"].items():
+        spec, sentinel = StageSpec.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
+        if spec.entry == "report" or sentinel is None:
             continue
-        (current if sentinel.get("identity") == stage["identity"] else rerun).append(name)
-    for name in current:
-        # One file a call: Snakemake refuses the whole call when one file has no record (nothing to drop there).
-        done = subprocess.run([*base_args(workflow, spec_path), "--cleanup-metadata",
-                               str(runs.sentinel_path(workflow.root, name)), "--cores", "1", "--quiet"],
-                              env=env, cwd=REPO_ROOT, capture_output=True, text=True)
-        if done.returncode != 0 and "metadata was not present" not in done.stdout + done.stderr:
-            raise WorkflowError(f"snakemake --cleanup-metadata failed for stage {name}:\n{done.stderr[-2000:]}")
-    if rerun:
-        say(f"finished under another config, run again: {', '.join(rerun)}")
-    return rerun
+        try:
+            contents = {role: i["content"] for role, i in read_inputs(root, spec).items()}
+        except StageError:
+            again.append(name)
+            continue
+        version = runs.version_name(spec.identity, contents, spec.rerun)
+        record = runs.read_json(root / name / version / runs.RECORD) or {}
+        (done if record.get("finished") and record.get("content") == sentinel["content"] else again).append(name)
+    return done, again
 
 
-def run_controller(spec_path: Path) -> int:
-    launch = runs.read_json(spec_path)
-    workflow = workflow_from_dict(launch["workflow"])
-    job_id = os.environ.get("SLURM_JOB_ID")
-    lock = guard.LaunchLock(workflow)
-    lock.acquire()
-    previous = guard.controller_record(workflow) or {}
-    record = guard.write_controller_record(
-        workflow, kind="slurm", job_id=job_id, host=socket.gethostname(), pid=os.getpid(), started=runs.now(),
-        restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0), spec=str(spec_path),
-        submitted=previous.get("submitted"), log=previous.get("log"))
-    say(f"controller of workflow {workflow.name} (job {job_id}, restart {record['restarts']}), spec {spec_path}")
-    try:
-        wait_for_stage_jobs(job_name_prefix(workflow), say)
-    except QueueError as error:
-        say(f"cannot see the queue ({error}): not submitting anything")
-        return 1
-    env = snakemake_env()
-    guard.release_stale_snakemake_lock(workflow, base_args(workflow, spec_path), env)
-    rerun = adopt_sentinels(workflow, spec_path, launch, env)
-    child = subprocess.Popen([*run_args(workflow, spec_path, "slurm"), *(["--forcerun", *rerun] if rerun else [])],
-                             env=env, cwd=REPO_ROOT, start_new_session=True)
-    requeued: list[bool] = []
+def adopt(config: Path) -> list[str]:
+    """Snakemake's records made to agree with the sentinels that stage jobs wrote while no Snakemake watched: the
+    stages done are marked so (their current parameters and input checksums recorded); returns the stages to run
+    again."""
+    launch = runs.read_json(config)
+    done, again = adoption(launch)
+    if done:
+        argv, env = snakemake(config, "--touch", "--cores", "1", "--forcerun", *done, "--allowed-rules", *done,
+                              "--", *(str(runs.sentinel_path(Path(launch["workflow"]["root"]), n)) for n in done))
+        subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    say(f"done: {', '.join(done) or 'none'}; to run again: {', '.join(again) or 'none'}")
+    return again
 
-    def requeue(_signum, _frame):
-        # Only kill here: the main thread is inside child.wait(), holding Popen's wait lock, so waiting in the
-        # handler would deadlock. The requeue itself follows once that wait returns.
-        say("time limit near: stopping Snakemake without cancelling its jobs, and requeueing the controller")
-        requeued.append(True)
-        os.killpg(child.pid, signal.SIGKILL)
 
-    def stop(signum, _frame):
-        say(f"{signal.Signals(signum).name}: Snakemake cancels the running stage jobs and stops")
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
+class Controller:
+    def __init__(self, config: Path):
+        self.config, self.launch = config, runs.read_json(config)
+        self.workflow = workflow_from_dict(self.launch["workflow"])
+        self.job_id = os.environ.get("SLURM_JOB_ID")
+        self.child: subprocess.Popen | None = None
+        self.signalled: int | None = None
 
-    signal.signal(signal.SIGUSR1, requeue)
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    code = child.wait()
-    if requeued:
+    def on_signal(self, signum, _frame) -> None:
+        # Only note it, and stop Snakemake: the main thread may be inside child.wait(), which holds Popen's lock
+        if self.signalled == signal.SIGUSR1:
+            return                                  # requeueing: SLURM's own SIGTERM of the requeue changes nothing
+        self.signalled = signum
+        say(f"{signal.Signals(signum).name}: " + ("time limit near: stopping Snakemake without cancelling its "
+            "jobs, and requeueing the controller" if signum == signal.SIGUSR1 else "stopping the workflow"))
+        self.stop_snakemake()
+
+    def stop_snakemake(self) -> None:
+        if self.child is not None and self.child.poll() is None and self.signalled is not None:
+            if self.signalled == signal.SIGUSR1:
+                os.killpg(self.child.pid, signal.SIGKILL)
+            else:
+                self.child.send_signal(signal.SIGTERM)
+
+    def wait_for_stage_jobs(self) -> None:
+        told: set[str] = set()
+        while self.signalled is None and (jobs := active_stage_jobs(self.prefix)):
+            for job in (j for j in jobs if j["job_id"] not in told):
+                say(f"waiting for job {job['job_id']} (stage {job['rule']}, {job['state']}), submitted by an earlier "
+                    "controller of this workflow")
+                told.add(job["job_id"])
+            deadline = time.monotonic() + POLL_S
+            while self.signalled is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+    def run(self) -> int:
+        for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self.on_signal)
+        wf = self.launch["workflow"]
+        self.prefix = job_name_prefix(wf["name"], wf["root"])
+        lock = LaunchLock(self.workflow)
+        if str((lock.holder() or {}).get("job_id")) != str(self.job_id):
+            lock.acquire(job_id=self.job_id, config=str(self.config), submitted=runs.now())
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        say(f"controller of workflow {wf['name']} (job {self.job_id}, restart {restarts}), config {self.config}")
+        try:
+            self.wait_for_stage_jobs()
+        except QueueError as error:
+            say(f"cannot see the queue ({error}): not submitting anything")
+            return 1
+        if self.signalled is None:
+            argv, env = snakemake(self.config, "--unlock")      # we hold the root's lock: any other is stale
+            subprocess.run(argv, env=env, capture_output=True, text=True)
+            again = adopt(self.config)
+            argv, env = run_command(self.config, again)
+            self.child = subprocess.Popen(argv, env=env, start_new_session=True)
+            self.stop_snakemake()                                # a signal that came just before it started
+            code = self.child.wait()
+        if self.signalled == signal.SIGUSR1:
+            return self.requeue()
+        if self.signalled is not None and self.child is None:
+            jobs = active_stage_jobs(self.prefix)
+            say(f"cancelling this workflow's stage jobs: {', '.join(j['job_id'] for j in jobs) or 'none'}")
+            if jobs:
+                run(["scancel", *(j["job_id"] for j in jobs)])
+            code = 128 + self.signalled
         lock.release()
-        subprocess.run(["scontrol", "requeue", str(job_id)], check=False)
+        say(f"Snakemake exited with status {code}")
+        return code
+
+    def requeue(self) -> int:
+        result = run(["scontrol", "requeue", str(self.job_id)], check=False)
+        if result.returncode != 0:
+            say(f"scontrol requeue {self.job_id} failed ({result.stderr.strip()}): the stage jobs go on without a "
+                "controller; launch the workflow again to watch them (it waits for them, then goes on)")
+            return 1
         return 0
-    finish(workflow, spec_path, code, record)
-    lock.release()
-    say(f"Snakemake exited with status {code}")
-    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     try:
-        return run_controller(Path(argv[0]))
+        return Controller(Path(argv[0])).run()
     except WorkflowError as error:
         say(f"controller refused: {error}")
         return 2

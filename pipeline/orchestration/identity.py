@@ -1,67 +1,119 @@
-"""What a stage's result depends on, as one hash: its composed config (the resolved YAML of its entry point, so an
-edit of any YAML file counts) without the keys that shape nothing, and the code version (the source of every module
-of this repository its entry point imports). Snakemake sees the hash as a rule parameter, so a stage re-runs exactly
-when it changes; the content of the stage's inputs enters through their sentinels (see stage.py).
+"""What a stage's result depends on, as one hash (the rule's parameter, so Snakemake re-runs a stage exactly when it
+changes): its composed config (any YAML edit that reaches it counts) minus the keys that shape nothing, with the files
+it reads from outside the workflow (corpus, vocabulary, held-out shards, GLUE/SQuAD files) by their content, not
+their path. What it reads from earlier stages counts through their sentinels (runs.py).
 
-Left out, because they shape no result: where things are written and read (the workflow wires them; the inputs'
-content counts instead), W&B and progress settings, loader workers, checksum verification, checkpoint and logging
-intervals, and the devices (a stage whose resources changed resumes its run rather than starting another). Paths
-inside the checkout are written relative to it, so that a moved checkout re-runs nothing.
+Not the code: a comment or a `git pull` must not restart a run of days. The code version and the main packages'
+versions are recorded in each run and shown by `plan`; a stage runs again on new code only when asked
+(workflow.rerun_code_changed).
 """
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import json
 import modulefinder
+import os
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pipeline.core.app import REPO_ROOT
+from pipeline.orchestration import runs
 
-# Keys of each entry point's composed config that do not enter its identity (a key names itself and everything
-# below it).
+# The one list of what shapes no result, per entry point (a key names itself and everything below it); each key has a
+# test that changing it keeps the identity, every other key one that it changes it (tests/orchestration/).
 _LOGGING = ("logger.mode", "logger.group", "logger.name", "logger.project", "logger.entity", "logger.tags",
             "logger.log_model", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-            "trainer.log_every_n_steps", "export.plot")
-_DEVICES = ("trainer.devices", "trainer.num_nodes", "trainer.accelerator")
-NOT_IDENTITY = {
-    "data_prep": ("output_dir", "dask"),
+            "trainer.log_every_n_steps", "export.plot", "export.hf")
+_DEVICES = ("trainer.devices", "trainer.num_nodes", "trainer.accelerator")     # a resized stage resumes its run
+NOT_SHAPING = {
+    "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
+    # paths the workflow wires (their content counts through the inputs); memory and speed only (the global batch is
+    # the recipe, split into passes that fit; padding; cuDNN autotuning); when to validate (it draws nothing from
+    # the training RNG) or checkpoint; what is logged and plotted
     "train": ("output_dir", "data.path", "init_from_checkpoint", "ckpt_path", "data.num_workers",
-              "data.verify_checksums", "callbacks", *_LOGGING, *_DEVICES),
-    "finetune": ("output_dir", "init", "data.cache_dir", "data.num_workers", *_LOGGING, *_DEVICES),
-    "export": (),
+              "data.verify_checksums", "data.micro_batch_size", "data.pad_to_multiple_of", "trainer.benchmark",
+              "validation.every_n_steps", "callbacks.checkpoint.every_n_train_steps",
+              "callbacks.checkpoint.save_last", "callbacks.throughput", *_LOGGING, *_DEVICES),
+    "finetune": ("output_dir", "init", "data.cache_dir", "data.num_workers", "data.eval_batch_size",
+                 "data.pad_to_multiple_of", *_LOGGING, *_DEVICES),
 }
-# The program each entry runs, whose imports make its code version.
-ENTRY_SCRIPTS = {
-    "data_prep": "data_prep/run.py",
-    "train": "pipeline/train.py",
-    "finetune": "pipeline/finetune.py",
-    "export": "pipeline/orchestration/export_stage.py",
-}
-IDENTITY_LENGTH = 16
+# Paths to files from outside the workflow: they count by their content.
+EXTERNAL_INPUTS = {"data_prep": ("inputs", "vocab.file"), "train": ("validation.path",),
+                   "finetune": ("data.dir", "data.train", "data.dev", "data.test", "tokenizer")}
+ENTRY_SCRIPTS = {"data_prep": "data_prep/run.py", "train": "pipeline/train.py", "finetune": "pipeline/finetune.py",
+                 "export": "pipeline/orchestration/export_stage.py"}
+PACKAGES = ("torch", "pytorch-lightning", "deepspeed", "transformers", "tokenizers")
+
+
+def leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping."""
+    for key, value in config.items():
+        if isinstance(value, Mapping) and value:
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def without_keys(config: Mapping[str, Any], dotted_keys: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if key in dotted_keys:
-            continue
         nested = tuple(k.split(".", 1)[1] for k in dotted_keys if k.startswith(f"{key}."))
-        out[key] = without_keys(value, nested) if isinstance(value, Mapping) and nested else value
+        if key not in dotted_keys:
+            out[key] = without_keys(value, nested) if isinstance(value, Mapping) and nested else value
     return out
 
 
-def relative_paths(value: Any) -> Any:
-    """Paths inside the checkout as `<repo>/...`: the same stage in another clone is the same stage."""
-    root = str(REPO_ROOT)
-    if isinstance(value, str):
-        return "<repo>" + value[len(root):] if value == root or value.startswith(root + "/") else value
-    if isinstance(value, Mapping):
-        return {k: relative_paths(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [relative_paths(v) for v in value]
-    return value
+class Checksums:
+    """sha256 of local files, hashed again only when a file's size or time changed (a 20 GB corpus is read once),
+    cached in the workflow's state directory."""
+
+    def __init__(self, path: Path):
+        self.path, self.cache = path, runs.read_json(path) or {}
+
+    def content(self, value: Any) -> Any:
+        """A path or glob, or a list of them (data prep's inputs, {path: ..., format: ...}), by content."""
+        if isinstance(value, (list, Mapping)):
+            return ([self.content(v) for v in value] if isinstance(value, list) else
+                    {k: self.content(v) if k == "path" else v for k, v in value.items()})
+        if not isinstance(value, str) or "://" in value:
+            return value                              # a remote path (a hub name, gs://): as given
+        found = sorted(glob.glob(value, recursive=True)) if glob.has_magic(value) else [value]
+        files = [f for p in found for f in ([p] if os.path.isfile(p) else sorted(map(str, Path(p).rglob("*"))))
+                 if os.path.isfile(f)]
+        base = value if os.path.isdir(value) else None
+        names = [f"{os.path.relpath(f, base or os.path.dirname(f))}\0{self._sha256(f)}\0" for f in files]
+        return {"files": len(files), "sha256": hashlib.sha256("".join(names).encode()).hexdigest()}
+
+    def _sha256(self, name: str) -> str:
+        stat, key = os.stat(name), os.path.realpath(name)
+        if (self.cache.get(key) or {}).get("stamp") != [stat.st_size, stat.st_mtime_ns]:
+            digest = hashlib.sha256()
+            with open(name, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            self.cache[key] = {"stamp": [stat.st_size, stat.st_mtime_ns], "sha256": digest.hexdigest()}
+        return self.cache[key]["sha256"]
+
+    def save(self) -> None:
+        runs.write_json(self.path, self.cache)
+
+
+def identity_document(entry: str, config: Mapping[str, Any], checksums: Checksums) -> dict[str, Any]:
+    """What the stage's result depends on, readable: each run records it, so `plan` can say what changed."""
+    config = json.loads(json.dumps(without_keys(config, NOT_SHAPING.get(entry, ()))))
+    for key in EXTERNAL_INPUTS.get(entry, ()):
+        *path, last = key.split(".")
+        node = functools.reduce(lambda n, k: n.get(k) if isinstance(n, dict) else None, path, config)
+        if isinstance(node, dict) and node.get(last) is not None:
+            node[last] = {"content": checksums.content(node[last])}
+    return {"entry": entry, "config": config}
+
+
+def identity_hash(document: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,31 +127,22 @@ def code_files(entry: str) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=None)
-def code_version(entry: str) -> str:
+def code_version(entry: str) -> str | None:
+    """A hash of the source of every module of this repository that the entry point imports (None: the report)."""
+    if entry not in ENTRY_SCRIPTS:
+        return None
     digest = hashlib.sha256()
     for name in code_files(entry):
         digest.update(name.encode() + b"\0" + (REPO_ROOT / name).read_bytes() + b"\0")
-    return digest.hexdigest()[:IDENTITY_LENGTH]
+    return digest.hexdigest()[:12]
 
 
-def identity_document(entry: str, config: Mapping[str, Any]) -> dict[str, Any]:
-    """What the stage's result depends on, readable (it is written into each run directory, so that two versions of
-    a stage can be compared)."""
-    return {"entry": entry, "code_version": code_version(entry) if entry in ENTRY_SCRIPTS else None,
-            "config": relative_paths(without_keys(config, NOT_IDENTITY.get(entry, ())))}
+def package_versions() -> dict[str, str | None]:
+    installed = {d.metadata["Name"].lower(): d.version for d in metadata.distributions()}
+    return {name: installed.get(name) for name in PACKAGES}
 
 
-def identity_hash(document: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(document, sort_keys=True).encode("utf-8")).hexdigest()[:IDENTITY_LENGTH]
-
-
-def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two identity documents (for `workflow.action=plan`)."""
-    keys = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            keys += changed_keys(a, b, f"{prefix}{key}.")
-        elif a != b:
-            keys.append(f"{prefix}{key}")
-    return keys
+def changed_keys(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two identity documents."""
+    a, b = dict(leaves(old)), dict(leaves(new))
+    return sorted(key for key in set(a) | set(b) if a.get(key) != b.get(key))

@@ -2,170 +2,208 @@
 
     run, local   Snakemake here, holding the launch lock until it ends (Ctrl-C stops it and every running stage)
     run, slurm   the controller (Snakemake with the SLURM executor) submitted as a small SLURM job; returns at once
-    plan         Snakemake's summary: per stage, whether it runs and why; nothing runs, no output is touched
-    status       status.py
-    report       the report (report.py) and Snakemake's HTML report beside it
+    plan         per stage, Snakemake's own status of its output (--summary), what changed since it ran (config
+                 keys, code, packages) and, for SLURM, its sbatch options; nothing runs
+    report       Snakemake's HTML report (stage graph, run times, the report rule's scores and pictures)
 
-Each launch writes its spec, the stages as composed here, to <root>/_workflow/launches/<time>.json; Snakemake and
-the stage jobs read that file, so a queued job runs what this launch planned.
+A run writes the launch's config, the stages as composed here, to <root>/_workflow/launches/<time>.json and takes a
+snapshot of the code (snapshot.py); Snakemake and every stage job read that config and run that code.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from pipeline.core.app import REPO_ROOT
-from pipeline.orchestration import guard, identity, runs
-from pipeline.orchestration.report import report_files, write_report
-from pipeline.orchestration.snakemake_cli import (base_args, job_name_prefix, run_args, snakemake_env,
-                                                  summary)
-from pipeline.orchestration.spec import REPORT_STAGE, Workflow, WorkflowError
+from pipeline.orchestration import identity, runs
+from pipeline.orchestration.lock import LaunchLock
+from pipeline.orchestration.report import report_files
+from pipeline.orchestration.slurm_resources import rule_resources, sbatch_line
+from pipeline.orchestration.snapshot import take_snapshot
+from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Workflow, WorkflowError
 from pipeline.orchestration.stages import StageSpec
 
-LAUNCH_DIR = "launches"
-LOG_DIR = "logs"
-HTML_REPORT = "workflow.html"
+SLURM_LOG_DIR = "slurm_logs"
 
 
-def launch_record(workflow: Workflow, specs: dict[str, StageSpec]) -> dict:
-    return {"root": str(workflow.root), "workflow": workflow.config, "retries": workflow.retries,
-            "slurm": workflow.slurm, "created": runs.now(),
-            "stages": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
-            "report": report_files(workflow.root, specs) if REPORT_STAGE in specs else []}
+def job_name_prefix(name: str, root: str | Path) -> str:
+    """What every SLURM job of this workflow root is named after (the executor appends _<run id>): the workflow's
+    name and a hash of its resolved root, so two roots never mistake each other's jobs."""
+    return f"{name[:30]}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
 
 
-def write_launch(workflow: Workflow, specs: dict[str, StageSpec], directory: Path | None = None) -> Path:
-    directory = directory or workflow.state_dir / LAUNCH_DIR
-    stamp = runs.now().replace(":", "").replace("-", "")[:15]
-    path = directory / f"{stamp}-{os.getpid()}.json"
-    runs.write_json(path, launch_record(workflow, specs))
+def write_launch(workflow: Workflow, specs: dict[str, StageSpec], code: Path, directory: Path | None = None) -> Path:
+    """The launch's Snakemake config file."""
+    record = {"workflow": workflow.config, "code": str(code), "executor": workflow.launcher, "created": runs.now(),
+              "stages": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
+              "rule_resources": {name: rule_resources(spec.resources, spec.entry, workflow.slurm)
+                                 for name, spec in specs.items() if spec.entry != REPORT_STAGE},
+              "report": report_files(workflow.root, specs) if REPORT_STAGE in specs else []}
+    stamp = record["created"][:19].replace(":", "").replace("-", "")
+    path = (directory or workflow.state_dir / "launches") / f"{stamp}-{os.getpid()}.json"
+    runs.write_json(path, record)
     return path
 
 
+def snakemake(config: Path, *args: str, workdir: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """Snakemake on the launch's config, from its code snapshot, and its environment: this process's without the
+    SLURM variables of the job it may run in (the controller's geometry must not leak into the stage jobs), but with
+    SLURM_CONF, which the executor would drop with them."""
+    launch = runs.read_json(config)
+    code = Path(launch["code"])
+    argv = [sys.executable, "-m", "snakemake", "--snakefile", str(code / "pipeline" / "orchestration" / "Snakefile"),
+            "--directory", str(workdir or launch["workflow"]["root"]), "--configfile", str(config), *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    return argv, {**env, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def run_command(config: Path, forcerun: list[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """The launch's run: every stage that must run (--forcerun: those asked to run again on new code, and any
+    other given)."""
+    launch = runs.read_json(config)
+    wf, code = launch["workflow"], Path(launch["code"])
+    rerun = [*forcerun, *(name for name, stage in launch["stages"].items() if stage["rerun"])]
+    args = ["--forcerun", *dict.fromkeys(rerun)] if rerun else []
+    if launch["executor"] == "slurm":
+        args += ["--profile", str(code / "infra" / "slurm" / "snakemake"),
+                 "--slurm-logdir", str(Path(wf["root"]) / STATE_DIR / SLURM_LOG_DIR),
+                 "--slurm-jobname-prefix", job_name_prefix(wf["name"], wf["root"]),
+                 "--jobs", str(wf["slurm"]["max_jobs"])]
+    else:
+        args += ["--cores", str(wf["local_jobs"])]
+    return snakemake(config, *args, *wf["snakemake_args"])
+
+
+def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -> Path:
+    """Under the lock: the code snapshot, the launch's config; Snakemake's lock released if a dead holder left it."""
+    config = write_launch(workflow, specs, take_snapshot(workflow.state_dir))
+    if lock.took_over:
+        argv, env = snakemake(config, "--unlock")
+        subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    return config
+
+
 def run_local(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
-    with guard.LaunchLock(workflow):
-        guard.check_no_live_controller(workflow)
-        spec_path = write_launch(workflow, specs)
-        env = snakemake_env()
-        guard.release_stale_snakemake_lock(workflow, base_args(workflow, spec_path), env)
-        record = guard.write_controller_record(workflow, kind="local", host=socket.gethostname(), pid=os.getpid(),
-                                               started=runs.now(), spec=str(spec_path))
+    with LaunchLock(workflow) as lock:
+        config = prepare(workflow, specs, lock)
         print(f"workflow {workflow.name}: {len(specs)} stages, outputs in {workflow.root}", flush=True)
-        code = run_snakemake(run_args(workflow, spec_path, "local"), env)
-        finish(workflow, spec_path, code, record)
-        return code
-
-
-def run_snakemake(argv: list[str], env: dict[str, str]) -> int:
-    """Snakemake as a child in this terminal's process group: Ctrl-C reaches it (it stops its running stages and
-    exits) and this process waits for it rather than dying first."""
-    child = subprocess.Popen(argv, env=env, cwd=REPO_ROOT)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return child.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def finish(workflow: Workflow, spec_path: Path, code: int, record: dict) -> None:
-    """After a run: the report says what failed when Snakemake could not write it; the record says it ended."""
-    if code != 0 and (runs.read_json(spec_path) or {}).get("report"):
-        path = write_report(spec_path)
-        print(f"workflow {workflow.name}: Snakemake exited with status {code}; report: {path}", flush=True)
-    guard.write_controller_record(workflow, **{**record, "ended": runs.now(), "exit": code})
+        argv, env = run_command(config)
+        # Snakemake in this terminal's process group: Ctrl-C reaches it (it stops its running stages and exits), and
+        # this process waits for it rather than dying first
+        child = subprocess.Popen(argv, env=env, cwd=workflow.root)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = child.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     print(f"status: python pipeline/workflow.py +workflow={workflow.name} workflow.root={workflow.root} "
           "workflow.action=status", flush=True)
+    return code
 
 
 def submit_controller(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
     """The controller as a SLURM job of its own (controller.py): no login shell has to stay open for days."""
-    controller = dict(workflow.slurm.get("controller") or {})
-    with guard.LaunchLock(workflow):
-        guard.check_no_live_controller(workflow)
-        spec_path = write_launch(workflow, specs)
-        log_dir = workflow.state_dir / LOG_DIR
+    controller = workflow.slurm["controller"]
+    lock = LaunchLock(workflow)
+    lock.acquire()
+    try:
+        config = prepare(workflow, specs, lock)
+        code = runs.read_json(config)["code"]
+        log_dir = workflow.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = f"exec {shlex.quote(sys.executable)} -m pipeline.orchestration.controller {shlex.quote(str(spec_path))}"
-        argv = ["sbatch", "--parsable", f"--job-name={job_name_prefix(workflow)}-controller",
-                f"--output={log_dir}/controller-%j.log", "--open-mode=append", f"--chdir={REPO_ROOT}",
-                f"--time={controller.get('time', '7-00:00:00')}", f"--cpus-per-task={controller.get('cpus', 1)}",
-                f"--mem={controller.get('mem', '4G')}", "--requeue",
-                f"--signal=B:USR1@{int(controller.get('requeue_lead_s', 300))}"]
-        for key in ("partition", "account"):
-            value = controller.get(key) or workflow.slurm.get(key)
-            if value:
-                argv.append(f"--{key}={value}")
-        argv += ["--wrap", command]
-        env = {**os.environ, "PYTHONPATH": snakemake_env()["PYTHONPATH"]}
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        command = f"exec {shlex.quote(sys.executable)} -m pipeline.orchestration.controller {shlex.quote(str(config))}"
+        argv = ["sbatch", "--parsable", f"--job-name={job_name_prefix(workflow.name, workflow.root)}-controller",
+                f"--output={log_dir}/controller-%j.log", "--open-mode=append", f"--chdir={code}",
+                f"--time={controller['time']}", f"--cpus-per-task={controller['cpus']}", f"--mem={controller['mem']}",
+                "--requeue", f"--signal=B:USR1@{controller['requeue_lead_s']}"]
+        argv += [f"--{key}={value}" for key in ("partition", "account")
+                 if (value := controller.get(key) or workflow.slurm.get(key))]
+        result = subprocess.run([*argv, "--wrap", command], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "PYTHONPATH": code})
         if result.returncode != 0:
             raise WorkflowError(f"sbatch refused the controller job: {result.stderr.strip()}")
-        job_id = result.stdout.strip().split(";")[0]
-        log = log_dir / f"controller-{job_id}.log"
-        guard.write_controller_record(workflow, kind="slurm", job_id=job_id, submitted=runs.now(), log=str(log),
-                                      spec=str(spec_path))
+    except BaseException:
+        lock.release()
+        raise
+    job_id = result.stdout.strip().split(";")[0]
+    log = log_dir / f"controller-{job_id}.log"
+    lock.update(job_id=job_id, submitted=runs.now(), log=str(log), config=str(config))
     print(f"workflow {workflow.name}: controller job {job_id} submitted; it runs the stages as SLURM jobs.\n"
           f"  log:    tail -f {log}\n  status: python pipeline/workflow.py +workflow={workflow.name} "
-          f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (cancels its stage jobs)")
+          f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (and its stage jobs)")
     return 0
 
 
-def check_slurm_tools() -> None:
-    missing = [tool for tool in ("sbatch", "squeue", "sacct") if shutil.which(tool) is None]
-    if missing:
-        raise WorkflowError(f"workflow.launcher=slurm, but {', '.join(missing)} not on the PATH: run this on a SLURM "
-                            "login node (or install the SLURM client), or use workflow.launcher=local")
+def summary(config: Path) -> dict[str, tuple[str, bool]]:
+    """rule -> (Snakemake's status of its output, whether it runs): Snakemake's --summary, which runs nothing. A
+    root without Snakemake's records yet is looked at from a scratch directory, so that nothing is created there."""
+    root = Path(runs.read_json(config)["workflow"]["root"])
+    with tempfile.TemporaryDirectory(prefix="workflow-plan-") as scratch:
+        argv, env = snakemake(config, "--summary", "--quiet", "all", "--cores", "1",
+                              workdir=root if (root / ".snakemake").is_dir() else Path(scratch))
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=scratch)
+    if result.returncode != 0:
+        raise WorkflowError(f"snakemake --summary failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    rows: dict[str, tuple[str, bool]] = {}
+    lines = [line.split("\t") for line in result.stdout.splitlines()]
+    header = next((fields for fields in lines if fields[0] == "output_file"), [])
+    for row in (dict(zip(header, fields)) for fields in lines if header and len(fields) == len(header)):
+        if row["rule"] not in rows or row["plan"] == "update pending":
+            rows[row["rule"]] = (row["status"], row["plan"] == "update pending")
+    return rows
 
 
 def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
-    """Per stage: whether a run would run it, and why. The spec goes to a temporary file: nothing under the
-    workflow root but Snakemake's own log and file inventory (<root>/.snakemake) is written."""
+    """Per stage: whether a run would run it and Snakemake's reason, and what changed since it ran."""
     with tempfile.TemporaryDirectory(prefix="workflow-plan-") as scratch:
-        spec_path = write_launch(workflow, specs, Path(scratch))
-        rows = summary(workflow, spec_path)
-    runs_now = {name for name, (_, runs_it) in rows.items() if runs_it}
+        config = write_launch(workflow, specs, REPO_ROOT, Path(scratch))
+        rows = summary(config)
+        resources = runs.read_json(config)["rule_resources"]
     width = max(len(name) for name in specs)
     lines = [f"workflow {workflow.name} ({workflow.launcher}), outputs in {workflow.root}"]
+    packages = identity.package_versions()
     for name, spec in specs.items():
         status, runs_it = rows.get(name, ("missing", True))
-        reason = why(workflow, spec, status, runs_now) if runs_it else "done, up to date"
-        lines.append(f"  {name:<{width}}  {'run' if runs_it else 'skip'}: {reason}")
-    lines.append(f"  {len(runs_now)} of {len(specs)} stages would run")
+        notes = [{("ok", True): "an input stage runs", ("ok", False): "done, up to date"}.get((status, runs_it),
+                                                                                                status)]
+        ran = runs.read_json(workflow.root / name / runs.CURRENT / runs.RECORD) or {}
+        if ran and ran.get("identity") != spec.identity:
+            changed = identity.changed_keys(ran.get("document") or {}, spec.document)
+            notes.append(f"config changed since it ran: {', '.join(changed)} (a new run directory; "
+                         f"{(workflow.root / name / runs.CURRENT).resolve()} is kept)")
+        unfinished = [r.parent for r in (workflow.root / name).glob(f"*/{runs.RECORD}")
+                      if not r.parent.is_symlink() and (runs.read_json(r) or {}).get("identity") == spec.identity
+                      and not (runs.read_json(r) or {}).get("finished")]
+        if unfinished and runs_it:
+            notes.append(f"its run {unfinished[0]} did not finish: it resumes there")
+        if ran.get("code_version") and ran["code_version"] != spec.code_version:
+            notes.append(f"code changed since it ran ({ran['code_version']} -> {spec.code_version}): "
+                         + ("it runs again on it" if spec.rerun else
+                            f"to run it again on it, workflow.rerun_code_changed=[{name}]"))
+        moved = [f"{p} {v} -> {packages.get(p)}" for p, v in (ran.get("packages") or {}).items()
+                 if packages.get(p) != v]
+        if moved:
+            notes.append(f"packages changed since it ran: {', '.join(moved)}")
+        lines.append(f"  {name:<{width}}  {'run' if runs_it else 'skip'}: {'; '.join(notes)}")
+        if workflow.launcher == "slurm" and name in resources:
+            lines.append(f"  {'':<{width}}  sbatch {sbatch_line(resources[name])}")
+    lines.append(f"  {sum(runs_it for _, runs_it in rows.values())} of {len(specs)} stages would run")
     return "\n".join(lines)
 
 
-def why(workflow: Workflow, spec: StageSpec, status: str, runs_now: set[str]) -> str:
-    if spec.entry == "report":
-        return "a stage it reports on runs" if runs_now - {spec.name} else f"report files: {status}"
-    sentinel = runs.read_json(runs.sentinel_path(workflow.root, spec.name))
-    if sentinel is None:
-        tried = [r for r in map(runs.read_json, workflow.stage_dir(spec.name).glob(f"*/{runs.RECORD}"))
-                 if r and r.get("identity") == spec.identity and not r.get("finished")]
-        return "its last run did not finish (a pre-training resumes from its checkpoint)" if tried else "not run yet"
-    if sentinel.get("identity") != spec.identity:
-        record = runs.read_json(Path(sentinel["run_dir"]) / runs.RECORD) or {}
-        changed = identity.changed_keys(record.get("document") or {}, spec.document)
-        return f"its config or code changed: {', '.join(changed) or 'identity'} (a new run directory; " \
-               f"{sentinel['run_dir']} is kept)"
-    upstream = [up for up in spec.upstream if up in runs_now]
-    if upstream:
-        return f"its input stage {', '.join(upstream)} runs"
-    return {"updated input files": "an input's content changed since it ran"}.get(status, status)
-
-
-def html_report(workflow: Workflow, spec_path: Path) -> Path:
-    """Snakemake's HTML report: the stage graph, run times, and the report's pictures and tables."""
-    out = workflow.root / "report" / HTML_REPORT
-    result = subprocess.run([*base_args(workflow, spec_path), "--report", str(out)], env=snakemake_env(),
-                            cwd=REPO_ROOT, capture_output=True, text=True)
+def html_report(workflow: Workflow, specs: dict[str, StageSpec]) -> Path:
+    """Snakemake's HTML report: the stage graph, run times, and the report rule's scores and pictures."""
+    out = workflow.root / "report" / "workflow.html"
+    with tempfile.TemporaryDirectory(prefix="workflow-report-") as scratch:
+        argv, env = snakemake(write_launch(workflow, specs, REPO_ROOT, Path(scratch)), "--report", str(out))
+        result = subprocess.run(argv, env=env, cwd=scratch, capture_output=True, text=True)
     if result.returncode != 0:
         raise WorkflowError(f"snakemake --report failed: {result.stderr.strip()[-2000:]}")
     return out

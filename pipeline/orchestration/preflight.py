@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.orchestration.spec import Stage, WorkflowError
+from pipeline.orchestration.spec import Stage, WorkflowError, ranks_per_node
 
 
 def check_stage(stage: Stage, cfg: Any, data_prep_args: tuple[str, ...] = ()) -> None:
@@ -27,12 +27,12 @@ def check_stage(stage: Stage, cfg: Any, data_prep_args: tuple[str, ...] = ()) ->
 
             from pipeline.pretraining.checks import preflight
             # without the workflow's ckpt_path=auto, which would stand in for a phase-2 init that is missing
-            preflight(OmegaConf.merge(cfg, {"ckpt_path": None}), world_size=stage.resources.world_size)
+            preflight(OmegaConf.merge(cfg, {"ckpt_path": None}), world_size=stage.world_size)
         elif stage.entry == "finetune":
             from pipeline.finetuning.checks import preflight
-            preflight(cfg, world_size=stage.resources.world_size)
+            preflight(cfg, world_size=stage.world_size)
     except (ValueError, FileNotFoundError) as error:
-        shape = (f"{stage.resources.nodes} node(s) x {stage.resources.ranks_per_node} process(es)"
+        shape = (f"{stage.resources['nodes']} node(s) x {ranks_per_node(stage.resources)} process(es)"
                  if stage.entry in ("train", "finetune") else "its settings")
         raise WorkflowError(f"stage {stage.name} ({stage.entry}) refused at {shape}: {error}") from None
 

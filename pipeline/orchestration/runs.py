@@ -1,19 +1,17 @@
 """A stage's run directories and its sentinel: the files through which stages hand their results on.
 
     <root>/<stage>/<version>/        one run directory per version of the stage, never removed by the workflow
-    <root>/<stage>/current           link to the version the latest finished run made (a path that does not move)
-    <root>/<stage>/DONE.json         the sentinel: Snakemake's output of the stage's rule (it removes it before the
-                                     rule runs again; nothing else of the stage is a declared output)
+    <root>/<stage>/current           link to the run directory of the latest finished run
+    <root>/<stage>/DONE.json         the sentinel: the rule's output (Snakemake removes it before the rule runs again)
 
-A version is named by a hash of the stage's identity (its composed config and code version) and the content of its
-inputs, so a changed config starts a new directory beside the old one, and the same config on the same inputs (an
-interrupted run, a SLURM requeue, a re-run whose inputs came out the same) goes back to its own directory. Each run
-directory holds workflow_stage.json: what it was made from and when.
+A version is a hash of the stage's identity (config, external inputs' content) and its inputs' content, so a changed
+config starts a new directory beside the old one, and the same config on the same inputs (an interrupted run, a SLURM
+requeue, a relaunch after a code edit) goes back to its own directory. Each run directory holds workflow_stage.json:
+what it was made from, with which code and packages, and each attempt.
 
-The sentinel holds what a downstream stage needs and nothing that changes from one run to the next: the run
-directory and the content identity of what is in it (the shard manifest's checksums, the model's files, the
-scores). Snakemake compares a small input's checksum with the one its reader last ran on, so a stage run again
-that made the same content does not make its readers run again on a later launch.
+The sentinel holds only the content identity of the stage's result (the shard checksums, the final checkpoint, the
+model's files, the scores): Snakemake compares a small input's checksum with the one its reader last ran on, so a
+stage that ran again and made the same content does not make its readers run again.
 """
 from __future__ import annotations
 
@@ -27,21 +25,21 @@ from typing import Any, Mapping
 SENTINEL = "DONE.json"
 CURRENT = "current"
 RECORD = "workflow_stage.json"
-VERSION_LENGTH = 12
+LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 
 def sentinel_path(root: Path, stage: str) -> Path:
     return Path(root) / stage / SENTINEL
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return None
 
 
-def write_json(path: Path, record: Mapping[str, Any]) -> None:
+def write_json(path: Path, record: Any) -> None:
     """Readers see the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -52,25 +50,22 @@ def write_json(path: Path, record: Mapping[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def version_name(identity: str, input_contents: Mapping[str, str]) -> str:
-    record = json.dumps({"identity": identity, "inputs": dict(sorted(input_contents.items()))}, sort_keys=True)
-    return hashlib.sha256(record.encode("utf-8")).hexdigest()[:VERSION_LENGTH]
+def version_name(identity: str, input_contents: Mapping[str, str], rerun: str | None = None) -> str:
+    record = {"identity": identity, "inputs": dict(sorted(input_contents.items()))}
+    record.update({"rerun": rerun} if rerun else {})     # a run on new code, asked for: a directory of its own
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
 def point_current(stage_dir: Path, run_dir: Path) -> None:
-    link = stage_dir / CURRENT
     temporary = stage_dir / f".{CURRENT}.{os.getpid()}"
     temporary.unlink(missing_ok=True)
     temporary.symlink_to(run_dir.name)          # relative: the workflow root may be moved or mounted elsewhere
-    os.replace(temporary, link)
+    os.replace(temporary, stage_dir / CURRENT)
 
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
-
-# ------------------------------------------------------------------------------------------------------------
-# content identity of a stage's result
 
 def _hash_files(paths: list[Path], base: Path) -> str:
     digest = hashlib.sha256()
@@ -80,10 +75,6 @@ def _hash_files(paths: list[Path], base: Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def _tree(path: Path) -> list[Path]:
-    return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
 
 
 def content_identity(entry: str, run_dir: Path) -> str:
@@ -96,8 +87,11 @@ def content_identity(entry: str, run_dir: Path) -> str:
                   "tokenizer": {k: tokenizer.get(k) for k in ("vocab_sha256", "vocab_size", "lowercase")}}
         return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
     if entry == "train":
-        checkpoint = run_dir / "checkpoints" / "last.ckpt"
-        return _hash_files(_tree(checkpoint), run_dir)
+        checkpoint = run_dir / LAST_CHECKPOINT
+        if not checkpoint.exists():                       # nothing for a reader; never the hash of nothing
+            raise FileNotFoundError(f"{checkpoint} not found: the run left no final checkpoint to hand on")
+        files = [checkpoint] if checkpoint.is_file() else [p for p in checkpoint.rglob("*") if p.is_file()]
+        return _hash_files(files, run_dir)
     if entry == "export":
         return _hash_files([p for p in run_dir.iterdir() if p.is_file() and p.name != RECORD
                             and not p.name.endswith(".log")], run_dir)

@@ -1,21 +1,23 @@
-"""A stage's resources (conf/workflow/: nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem, time) as the
-resources of its Snakemake rule, which the SLURM executor turns into sbatch options.
+"""A stage's resources (conf/workflow/: nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem, time, partition,
+qos, constraint) as the resources of its Snakemake rule, which the SLURM executor turns into sbatch options.
 
-- A stage of several processes is an `mpi` job: sbatch gets --nodes and --ntasks-per-node, and the stage runner
-  starts the ranks with `srun` inside it (one per GPU, as infra/slurm/train.sbatch does), while Snakemake's own
-  job step stays outside of them. A one-process stage runs inside the executor's `srun -n1` step.
-- Pre-training jobs take the requeue contract of infra/slurm/train.sbatch, read from its #SBATCH lines (the one
-  place it is written): --requeue and --open-mode=append always, and --signal=USR1@N, on which Lightning
-  checkpoints and requeues, where the ranks are their own job step (the signal goes to every process of a step,
-  and would stop Snakemake's own step of a one-process job, which does not handle it).
+Inside every stage job the stage runner starts the entry point as a job step of its own (`srun` with the stage's
+geometry; stage.py), and Snakemake's own processes stay in the batch step: the `mpi` resource tells the executor so.
+A stage of several processes asks for its tasks (--nodes, --ntasks-per-node); a one-process stage gets the `mpi` key
+with an empty value, which the submission reads as a plain one-task job. So the time-limit signal of a pre-training
+job (infra/slurm/train.sbatch's requeue contract: --signal=USR1@N, --requeue, --open-mode=append) reaches the
+training processes, one or many, and never Snakemake's.
 """
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.app import REPO_ROOT
+from pipeline.orchestration.spec import ranks_per_node
 
 TRAIN_SBATCH = REPO_ROOT / "infra" / "slurm" / "train.sbatch"
 REQUEUE_OPTIONS = ("signal", "requeue", "open-mode")
@@ -24,11 +26,9 @@ _MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 def requeue_contract(sbatch_file: Path = TRAIN_SBATCH) -> dict[str, str]:
     """option -> value ("" for a flag) of train.sbatch's #SBATCH lines that make a pre-training job requeue."""
-    found = {}
-    for line in sbatch_file.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"#SBATCH\s+--([\w-]+)(?:=(\S+))?", line)
-        if match and match.group(1) in REQUEUE_OPTIONS:
-            found[match.group(1)] = match.group(2) or ""
+    found = {m.group(1): m.group(2) or "" for m in re.finditer(r"^#SBATCH\s+--([\w-]+)(?:=(\S+))?",
+                                                              sbatch_file.read_text(encoding="utf-8"), re.M)
+             if m.group(1) in REQUEUE_OPTIONS}
     missing = [o for o in REQUEUE_OPTIONS if o not in found]
     if missing:
         raise ValueError(f"{sbatch_file} has no #SBATCH --{', --'.join(missing)}: the requeue contract of "
@@ -37,17 +37,11 @@ def requeue_contract(sbatch_file: Path = TRAIN_SBATCH) -> dict[str, str]:
 
 
 def minutes(time: str) -> int:
-    """SLURM's time formats (MM, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in whole minutes, rounded up."""
+    """SLURM's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in whole minutes, rounded up."""
     days, _, clock = str(time).rpartition("-")
     parts = [int(p) for p in clock.split(":")]
-    if days:
-        seconds = int(days) * 86400 + sum(p * s for p, s in zip(parts, (3600, 60, 1)))
-    elif len(parts) == 3:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    elif len(parts) == 2:
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = parts[0] * 60
+    scale = (3600, 60, 1) if days or len(parts) == 3 else (60, 1)
+    seconds = int(days or 0) * 86400 + sum(p * s for p, s in zip(parts, scale))
     return max(1, -(-seconds // 60))
 
 
@@ -58,40 +52,71 @@ def megabytes(mem: str) -> int:
     return int(float(match.group(1)) * _MEMORY_UNITS[match.group(2) or "M"])
 
 
+def node_memory_mb(partition: str | None) -> int | None:
+    """The memory SLURM can give a job on every node of the partition (the smallest node's RealMemory): what
+    `--mem=0` grants, which the executor cannot send (it sends no --mem for 0 and refuses --mem among extra
+    options). None without sinfo."""
+    if shutil.which("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%m", *([f"--partition={partition}"] if partition else [])],
+                             capture_output=True, text=True, timeout=15).stdout
+    except subprocess.TimeoutExpired:         # no SLURM configuration here (sinfo retries for a minute)
+        return None
+    sizes = [int(v.rstrip("+")) for v in out.split() if v.rstrip("+").isdigit()]
+    return min(sizes) if sizes else None
+
+
 def rule_resources(resources: Mapping[str, Any], entry: str, slurm: Mapping[str, Any]) -> dict[str, Any]:
     """Snakemake resources for a stage (they mean nothing to a local run). Options that the executor sets itself
-    (--mem, --ntasks, --gpus ...) must not be in slurm_extra: it refuses them."""
-    nodes, gpus = int(resources["nodes"]), int(resources["gpus_per_node"])
-    per_node = int(resources.get("tasks_per_node") or max(1, gpus))
-    out: dict[str, Any] = {"nodes": nodes, "cpus_per_task": int(resources["cpus_per_task"]),
-                           "runtime": minutes(resources["time"]), "mem_mb": 0}
+    (--mem, --ntasks, --gpus, --qos, --constraint ...) are resources, never slurm_extra: it refuses them there."""
+    nodes, gpus, per_node = int(resources["nodes"]), int(resources["gpus_per_node"]), ranks_per_node(resources)
+    out: dict[str, Any] = {"nodes": nodes, "cpus_per_task": int(resources["cpus_per_task"]), "mpi": "",
+                           "runtime": minutes(resources["time"])}
     extra: list[str] = []
+    partition = resources.get("partition") or slurm.get("partition")
     mem = resources.get("mem")
     if mem is not None:
-        # 0 asks for no amount: the partition's default (the executor owns --mem and sends none for 0)
-        out["mem_mb"] = megabytes(mem)
-    several = nodes * per_node > 1
-    if several:
+        out["mem_mb"] = megabytes(mem) or node_memory_mb(partition) or 0
+    if nodes * per_node > 1:
         out["mpi"] = "srun"
         if per_node > 1:
             out["tasks_per_node"] = per_node
         else:
             out["tasks"] = nodes
             extra.append("--ntasks-per-node=1")
-    if gpus and several:
-        extra.append(f"--gpus-per-node={gpus}")
+        extra += [f"--gpus-per-node={gpus}"] if gpus else []
     elif gpus:
         out["gpu"] = gpus
     if entry == "train":
         contract = requeue_contract()
-        extra += ["--requeue", f"--open-mode={contract['open-mode']}"]
-        if several:
-            extra.append(f"--signal={contract['signal']}")
-    if slurm.get("partition"):
-        out["slurm_partition"] = str(slurm["partition"])
-    if slurm.get("account"):
-        out["slurm_account"] = str(slurm["account"])
+        extra += ["--requeue", f"--open-mode={contract['open-mode']}", f"--signal={contract['signal']}"]
+    for key, resource in (("partition", "slurm_partition"), ("account", "slurm_account"), ("qos", "qos"),
+                          ("constraint", "constraint")):
+        value = resources.get(key) or slurm.get(key)
+        if value:
+            out[resource] = str(value)
+    extra += [f"--reservation={slurm['reservation']}"] if slurm.get("reservation") else []
     extra += [str(a) for a in slurm.get("extra_args") or ()]
     if extra:
         out["slurm_extra"] = " ".join(extra)
     return out
+
+
+def sbatch_line(resources: Mapping[str, Any]) -> str:
+    """The stage's sbatch options as the SLURM executor builds them (its own submit-command builder)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class Job:                               # what the builder reads of a job: its resources and threads
+        threads = 1
+
+        def __init__(self):
+            self.resources = type("Resources", (dict,), {"__getattr__": dict.get})(resources)
+
+    params = {"run_uuid": "NAME", "slurm_logfile": "LOG", "comment_str": "RULE", "workdir": "",
+              "account": f"-A {resources['slurm_account']}" if resources.get("slurm_account") else "",
+              "partition": f"-p {resources['slurm_partition']}" if resources.get("slurm_partition") else ""}
+    line = get_submit_command(Job(), params) + set_gres_string(Job())
+    return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE",
+                                 "").split())

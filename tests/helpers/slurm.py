@@ -40,7 +40,9 @@ def _free_port() -> int:
 
 def _slurm_conf(root: Path, ctld_port: int, slurmd_port: int, dbd_port: int) -> str:
     # CPUs and memory: more than this machine has (config_overrides takes the config's word for it), so that a
-    # controller job and a two-task stage job fit at once; the tests' jobs are small.
+    # controller job and a two-task stage job fit at once; the tests' jobs are small. task/affinity binds where the
+    # node's CPUs are real; here a test reads what a job step was given from its processes. MinJobAge: a finished
+    # job leaves slurmctld (squeue, scontrol) within seconds, as on a busy cluster, and is then known to sacct only.
     return f"""\
 ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost
@@ -59,7 +61,7 @@ SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
@@ -72,6 +74,7 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
+MinJobAge=10
 NodeName=localhost CPUs=4 RealMemory=16000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -176,6 +179,9 @@ class SlurmCluster:
     def job_field(self, job_id: str, field: str) -> str:
         out = self.run("scontrol", "show", "job", job_id).stdout
         match = re.search(rf"\b{field}=(\S+)", out)
+        if not match and field in ("JobState", "ExitCode"):          # the job has left slurmctld (MinJobAge)
+            sacct = self.run("sacct", "-X", "-n", "-P", "-j", job_id, "-o", field.replace("Job", "")).stdout.split()
+            return sacct[-1].split()[0] if sacct else ""
         return match.group(1) if match else ""
 
     def wait_for_job(self, job_id: str, timeout_s: float = SLURM_JOB_TIMEOUT_S) -> str:

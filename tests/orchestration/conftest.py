@@ -1,76 +1,17 @@
-"""Running the workflow as a user does: `python pipeline/workflow.py +workflow=tiny ...` in a subprocess, from a copy
-of this checkout (so that a test can edit a YAML file of it, as a user edits theirs), with few threads."""
+"""The workflow tests' fixtures: the tiny workflow run from a copy of this checkout (tests/helpers/workflows.py)."""
 from __future__ import annotations
-
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STAGES = ["prep_phase1", "prep_phase2", "pretrain_phase1", "pretrain_phase2", "export", "finetune_sst2"]
-
-
-def copy_checkout(destination: Path) -> Path:
-    """The repository's files (tracked, or new and not ignored) but tests/ and benchmarks/ (about 6 MB)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=True).stdout
-    for name in listed.splitlines():
-        if name.split("/", 1)[0] in ("tests", "benchmarks") or not (REPO_ROOT / name).is_file():
-            continue
-        (destination / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO_ROOT / name, destination / name)
-    return destination
-
-
-def workflow_env(repo: Path, extra: dict | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WANDB_"))}
-    return {**env, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1", "WANDB_MODE": "disabled",
-            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(repo), **(extra or {})}
-
-
-class Workflow:
-    """The tiny workflow in `root`, run from checkout `repo`."""
-
-    def __init__(self, repo: Path, root: Path, env: dict | None = None):
-        self.repo, self.root, self.extra_env = repo, root, env or {}
-
-    def command(self, *extra: str) -> list[str]:
-        return [sys.executable, "pipeline/workflow.py", "+workflow=tiny", f"workflow.root={self.root}", *extra]
-
-    def run(self, *extra: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-        result = subprocess.run(self.command(*extra), cwd=self.repo, env=workflow_env(self.repo, self.extra_env),
-                                capture_output=True, text=True, timeout=timeout)
-        print(result.stdout[-6000:], result.stderr[-6000:])
-        return result
-
-    def start(self, *extra: str, log: Path) -> subprocess.Popen:
-        """In the background, in a process group of its own (as a terminal runs it), output to `log` (a pipe that
-        nobody reads would block it)."""
-        with open(log, "wb") as handle:
-            return subprocess.Popen(self.command(*extra), cwd=self.repo, env=workflow_env(self.repo, self.extra_env),
-                                    stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def plan(self, *extra: str) -> dict[str, str]:
-        """stage -> 'run: <reason>' or 'skip: ...' from workflow.action=plan."""
-        result = self.run("workflow.action=plan", *extra)
-        assert result.returncode == 0, result.stdout + result.stderr
-        lines = {}
-        for line in result.stdout.splitlines()[1:-1]:
-            name, _, rest = line.strip().partition("  ")
-            lines[name] = rest.strip()
-        return lines
-
-    def status(self, *extra: str) -> dict[str, str]:
-        result = self.run("workflow.action=status", *extra)
-        assert result.returncode == 0, result.stdout + result.stderr
-        return {line.split()[0]: line.split(None, 1)[1] for line in result.stdout.splitlines()
-                if line.startswith("  ") and line.split()[0] in (*STAGES,)}
+from tests.helpers.workflows import Workflow, copy_checkout
 
 
 @pytest.fixture
 def tiny_workflow(tmp_path) -> Workflow:
     return Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf")
+
+
+@pytest.fixture
+def readme_workflow(tmp_path) -> Workflow:
+    """The README's command as written, from the repository root."""
+    return Workflow(copy_checkout(tmp_path / "checkout"), None)

@@ -43,7 +43,7 @@ def test_every_shipped_workflow_passes_its_stages_checks_at_their_declared_shape
     workflow = load_workflow([f"+workflow={name}", *inputs])
     _task_files(workflow)
     specs = stage_specs(workflow)          # raises on the first refusal
-    shapes = {s.name: s.resources.world_size for s in workflow.stages if s.entry == "train"}
+    shapes = {s.name: s.world_size for s in workflow.stages if s.entry == "train"}
     if name.startswith("bert_"):
         assert shapes == {"pretrain_phase1": 32 if name == "bert_base" else 64,
                           "pretrain_phase2": 32 if name == "bert_base" else 64}
