@@ -75,8 +75,25 @@ def rows(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+QUIET_LOAD = 0.5          # the protocol's amendment: a shape is calibrated only below this 1-minute load average
+QUIET_WAIT_S = 3600
+
+
+def wait_until_quiet(limit_s: float = QUIET_WAIT_S, poll_s: float = 15.0) -> float:
+    """The 1-minute load average once it is under QUIET_LOAD; raises RuntimeError after limit_s of a busy machine.
+    Even the fastest window of a loaded machine measures a share of it, not its speed (a discarded calibration)."""
+    deadline = time.monotonic() + limit_s
+    while (load := os.getloadavg()[0]) >= QUIET_LOAD:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"the load average stayed at {load:.1f} (over {QUIET_LOAD}) for {limit_s:.0f} s: "
+                               "calibrate on a quiet machine (stop other work), then run the stage again")
+        print(f"calibrate: waiting for a quiet machine (load {load:.1f})", flush=True)
+        time.sleep(poll_s)
+    return load
+
+
 def calibrate(out: Path, recipes: list[dict], quick: bool = False) -> dict[str, float]:
-    """Steps per minute of each recipe's shape (measured once; the fastest window: load only slows windows down)."""
+    """Steps per minute of each recipe's shape (measured once, on a quiet machine; the fastest window)."""
     path = out / "calibration.json"
     result = json.loads(path.read_text()) if path.exists() else {}
     for recipe in recipes:
@@ -84,7 +101,7 @@ def calibrate(out: Path, recipes: list[dict], quick: bool = False) -> dict[str, 
         if key in result:
             continue
         run_dir = out / "calibration" / key
-        load_before = os.getloadavg()[0]
+        load_before = os.getloadavg()[0] if quick else wait_until_quiet()
         steps = 12 if quick else CALIBRATION_STEPS
         _train(run_dir, [*_overrides(out, "domain", recipe), "validation.path=null", f"trainer.max_steps={steps}",
                          "scheduler.warmup_steps=2", "scheduler.warmup_fraction=null",

@@ -67,3 +67,13 @@ def test_budgets_are_steps_from_the_measured_speed(recipe, tmp_path):
     (tmp_path / "calibration.json").write_text(json.dumps({"tiny_v16000_s128": {"steps_per_minute": 201.3}}))
     assert recipe.budget_steps(tmp_path, recipe.BASE, 120) == 24160     # 120 x 201.3, in multiples of ten
     assert recipe.budget_steps(tmp_path, recipe.BASE, 6) == 1210
+
+
+def test_calibration_waits_for_a_quiet_machine_and_refuses_a_busy_one(recipe, monkeypatch):
+    loads = iter([2.0, 1.2, 0.3])
+    monkeypatch.setattr(recipe.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(recipe.time, "sleep", lambda seconds: None)
+    assert recipe.wait_until_quiet(limit_s=60) == 0.3
+    monkeypatch.setattr(recipe.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    with pytest.raises(RuntimeError, match="calibrate on a quiet machine"):
+        recipe.wait_until_quiet(limit_s=0)
