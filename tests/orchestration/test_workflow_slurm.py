@@ -214,7 +214,8 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
     # a stage job of this root from an earlier controller (as the executor names it), still running
     earlier = slurm_cluster.run("sbatch", "--parsable", f"--job-name={job_name_prefix('tiny', wf.root)}_earlier",
-                                "--comment=rule_pretrain_phase1", "-A", "bert", "--wrap", "sleep 600", check=True)
+                                "--comment=rule_pretrain_phase1", "-A", "bert", f"--output={tmp_path / 'earlier.out'}",
+                                "--wrap", "sleep 600", check=True)
     stage_job = earlier.stdout.strip()
     launched = wf.run(*SLURM_SETTINGS)
     controller = _controller_id(launched.stdout)
