@@ -72,12 +72,32 @@ def available_workflows() -> list[str]:
     return sorted(p.stem for p in WORKFLOW_CONFIGS.glob("*.yaml") if p.stem != "base")
 
 
-def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
-    """conf/workflow/<name>.yaml (picked by +workflow=NAME) with the overrides."""
-    from hydra import compose, initialize_config_dir
+def compose(config_dir: Path, config_name: str | None, overrides: Sequence[str], unset_hint: str):
+    """A Hydra config composed outside a Hydra app and resolved; raises WorkflowError on a wrong override or a
+    mandatory value (???) left unset."""
+    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from pipeline.orchestration.identity import leaves
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        missing = [key for key, value in leaves(OmegaConf.to_container(cfg, resolve=False))
+                   if value == "???" and not key.startswith("hydra.")]
+        if missing:
+            raise WorkflowError(f"{', '.join(missing)} is not set: {unset_hint}")
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise WorkflowError(str(error)) from None
+    return cfg
+
+
+def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
+    """conf/workflow/<name>.yaml (picked by +workflow=NAME) with the overrides."""
+    from omegaconf import OmegaConf
 
     # `workflow=NAME` reads naturally but there is no primary config to override: accept it as +workflow=NAME. Open
     # maps (the environment, a stage's resources, per-task overrides) take any key without Hydra's `+`/`++`.
@@ -90,16 +110,11 @@ def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
         raise WorkflowError(f"unknown workflow {chosen[-1]!r}; available: {known} (conf/workflow/)" if chosen else
                             f"which workflow? pass +workflow=NAME; available: {known} (conf/workflow/)")
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
-            cfg = compose(config_name=None, overrides=list(overrides))
-        raw = OmegaConf.to_container(cfg.workflow, resolve=True, throw_on_missing=True)
-    except (HydraException, OmegaConfBaseException) as error:
-        missing = re.search(r"Missing mandatory value: ([\w.]+)", str(error))
-        if missing:
-            raise WorkflowError(f"{missing.group(1)} is not set: pass {missing.group(1)}=... (conf/workflow/"
-                                f"{chosen[-1]}.yaml leaves it to you)") from None
+        cfg = compose(CONFIG_ROOT, None, overrides,
+                      f"pass it on the command line (conf/workflow/{chosen[-1]}.yaml leaves it to you)")
+    except WorkflowError as error:
         raise WorkflowError(f"workflow config: {error}") from None
-    return workflow_from_dict(raw)
+    return workflow_from_dict(OmegaConf.to_container(cfg.workflow))
 
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
