@@ -16,10 +16,11 @@ import pytest
 from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.controller import adopt
-from pipeline.orchestration.launch import snakemake, summary, write_launch
+from pipeline.orchestration.launch import snakemake, write_launch
 from pipeline.orchestration.spec import load_workflow
 from pipeline.orchestration.stage import read_inputs
 from pipeline.orchestration.stages import StageSpec, stage_specs
+from pipeline.orchestration.views import summary
 
 LONGER_PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=21','scheduler.warmup_steps=2',"
                  "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0']")
