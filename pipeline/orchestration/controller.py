@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.orchestration import runs
 from pipeline.orchestration.launch import job_name_prefix, run_command, snakemake
 from pipeline.orchestration.lock import LaunchLock
-from pipeline.orchestration.slurm_jobs import QueueError, active_stage_jobs, run
+from pipeline.orchestration.slurm import QueueError, active_stage_jobs, run
 from pipeline.orchestration.spec import WorkflowError, workflow_from_dict
 from pipeline.orchestration.stage import StageError, read_inputs
 from pipeline.orchestration.stages import StageSpec

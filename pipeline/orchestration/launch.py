@@ -25,7 +25,7 @@ from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.report import report_files
-from pipeline.orchestration.slurm_resources import rule_resources
+from pipeline.orchestration.slurm import rule_resources
 from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Workflow, WorkflowError
 from pipeline.orchestration.stages import StageSpec
 

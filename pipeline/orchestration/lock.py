@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from pipeline.orchestration import runs
-from pipeline.orchestration.slurm_jobs import ACTIVE_STATES, QueueError, job_state
+from pipeline.orchestration.slurm import ACTIVE_STATES, QueueError, job_state
 from pipeline.orchestration.spec import Workflow, WorkflowError
 
 LOCK_FILE = "lock.json"

@@ -20,8 +20,7 @@ from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import identity, runs
 from pipeline.orchestration.launch import job_name_prefix, snakemake, write_launch
 from pipeline.orchestration.lock import LaunchLock, alive, describe
-from pipeline.orchestration.slurm_jobs import QueueError, active_stage_jobs
-from pipeline.orchestration.slurm_resources import sbatch_line
+from pipeline.orchestration.slurm import QueueError, active_stage_jobs, sbatch_line
 from pipeline.orchestration.spec import Workflow, WorkflowError
 from pipeline.orchestration.stages import StageSpec
 
