@@ -33,8 +33,9 @@ def main(argv: list[str]) -> int:
         if workflow.launcher == "slurm" and workflow.action in ("run", "status"):
             check_slurm_tools()           # the first thing a user on the wrong machine needs to hear
         if workflow.action == "run":
-            from pipeline.orchestration.lock import refuse_if_running
-            refuse_if_running(workflow)
+            from pipeline.orchestration.lock import LaunchLock, refuse_if_alive
+            # said at once, before minutes of composing and checking (taking nothing)
+            refuse_if_alive(workflow, LaunchLock(workflow).holder())
         from pipeline.orchestration.stages import stage_specs
         specs = stage_specs(workflow, check_shapes=workflow.action in ("run", "plan"))
         if workflow.action == "plan":
