@@ -27,9 +27,8 @@ from pipeline.orchestration import runs
 from pipeline.orchestration.launch import job_name_prefix, run_command, snakemake
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.slurm import QueueError, active_stage_jobs, run
-from pipeline.orchestration.spec import WorkflowError, workflow_from_dict
+from pipeline.orchestration.spec import Stage, WorkflowError, workflow_from_dict
 from pipeline.orchestration.stage import StageError, read_inputs
-from pipeline.orchestration.stages import StageSpec
 
 POLL_S = 30.0
 
@@ -46,7 +45,7 @@ def adopt(config: Path) -> list[str]:
     launch = runs.read_json(config)
     root, done, again = Path(launch["workflow"]["root"]), [], []
     for name, raw in launch["stages"].items():
-        spec, sentinel = StageSpec.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
+        spec, sentinel = Stage.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
         if spec.entry == "report" or sentinel is None:
             continue
         try:

@@ -26,8 +26,7 @@ from pipeline.orchestration import runs
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.report import report_files
 from pipeline.orchestration.slurm import rule_resources
-from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Workflow, WorkflowError
-from pipeline.orchestration.stages import StageSpec
+from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Stage, Workflow, WorkflowError
 
 SLURM_LOG_DIR = "slurm_logs"
 SOURCES = ("pipeline", "model", "data_prep", "conf", "infra", "pyproject.toml")     # what a snapshot holds
@@ -60,7 +59,7 @@ def take_snapshot(state_dir: Path, repo: Path = REPO_ROOT) -> Path:
     return target
 
 
-def write_launch(workflow: Workflow, specs: dict[str, StageSpec], code: Path, directory: Path | None = None) -> Path:
+def write_launch(workflow: Workflow, specs: dict[str, Stage], code: Path, directory: Path | None = None) -> Path:
     """The launch's Snakemake config file."""
     record = {"workflow": workflow.config, "code": str(code), "executor": workflow.launcher, "created": runs.now(),
               "stages": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
@@ -102,7 +101,7 @@ def run_command(config: Path, forcerun: list[str] = ()) -> tuple[list[str], dict
     return snakemake(config, *args, *wf["snakemake_args"])
 
 
-def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -> Path:
+def prepare(workflow: Workflow, specs: dict[str, Stage], lock: LaunchLock) -> Path:
     """Under the lock: the code snapshot, the launch's config; Snakemake's lock released if a dead holder left it."""
     config = write_launch(workflow, specs, take_snapshot(workflow.state_dir))
     if lock.took_over:
@@ -111,7 +110,7 @@ def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -
     return config
 
 
-def run_local(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
+def run_local(workflow: Workflow, specs: dict[str, Stage]) -> int:
     with LaunchLock(workflow) as lock:
         config = prepare(workflow, specs, lock)
         print(f"workflow {workflow.name}: {len(specs)} stages, outputs in {workflow.root}", flush=True)
@@ -129,7 +128,7 @@ def run_local(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
     return code
 
 
-def submit_controller(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
+def submit_controller(workflow: Workflow, specs: dict[str, Stage]) -> int:
     """The controller as a SLURM job of its own (controller.py): no login shell has to stay open for days."""
     controller = workflow.slurm["controller"]
     lock = LaunchLock(workflow)

@@ -24,27 +24,6 @@ PROGRAMS = {"data_prep": ["data_prep/run.py"], "train": ["pipeline/train.py"], "
             "export": ["-m", "pipeline.orchestration.export_stage"]}
 
 
-@dataclasses.dataclass(frozen=True)
-class StageSpec:
-    """One stage as the Snakefile and the stage runner see it (it travels as JSON in the launch's config file)."""
-    name: str
-    entry: str
-    inputs: dict[str, str]            # role -> the stage that produces it
-    overrides: list[str]              # the stage's own overrides of its entry point's config
-    operational: list[str]            # the workflow's: W&B, devices, runner options
-    env: dict[str, str]
-    identity: str                     # hash of `document`: the rule's parameter
-    document: dict[str, Any]          # what shapes the result: the config (external inputs by content)
-    resources: dict[str, Any]
-    upstream: list[str]
-    code_version: str | None          # of the modules the entry point imports: recorded and shown, not compared
-    rerun: str | None = None          # workflow.rerun_code_changed asked for a new run with this code version
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "StageSpec":
-        return cls(**{field.name: raw[field.name] for field in dataclasses.fields(cls)})
-
-
 def operational_overrides(workflow: Workflow, stage: Stage) -> list[str]:
     """What the workflow adds to a stage that shapes no result: where its W&B run goes, how many processes it
     has, how data prep runs."""
@@ -82,7 +61,7 @@ def wired_overrides(entry: str, inputs: Mapping[str, Path], run_dir: Path) -> li
     raise WorkflowError(f"no command for entry {entry!r}")
 
 
-def entry_argv(spec: StageSpec, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
+def entry_argv(spec: Stage, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
     """The entry point's command line (after the interpreter)."""
     return [*PROGRAMS[spec.entry], *spec.overrides, *wired_overrides(spec.entry, inputs, run_dir), *spec.operational]
 
@@ -129,7 +108,7 @@ def compose_stage(workflow: Workflow, stage: Stage):
         raise WorkflowError(f"stage {stage.name} ({stage.entry}): {error}") from None
 
 
-def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, StageSpec]:
+def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stage]:
     """Every stage composed, checked at its declared shape (check_stage) and given its identity; raises
     WorkflowError on the first stage that does not pass."""
     from omegaconf import OmegaConf
@@ -147,12 +126,10 @@ def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stag
         code = identity.code_version(stage.entry)
         ran = runs.read_json(workflow.root / stage.name / runs.CURRENT / runs.RECORD) or {}
         asked = stage.name in rerun or "all" in rerun
-        specs[stage.name] = StageSpec(
-            name=stage.name, entry=stage.entry, inputs=dict(stage.inputs), overrides=list(stage.overrides),
-            operational=operational_overrides(workflow, stage), env={k: str(v) for k, v in workflow.env.items()
-                                                                      if v is not None},
-            identity=identity.identity_hash(document), document=document, resources=stage.resources,
-            upstream=list(stage.upstream), code_version=code,
+        env = {key: str(value) for key, value in workflow.env.items() if value is not None}
+        specs[stage.name] = dataclasses.replace(
+            stage, operational=operational_overrides(workflow, stage), env=env, document=document,
+            identity=identity.identity_hash(document), code_version=code,
             rerun=code if asked and ran.get("finished") and ran.get("code_version") != code else None)
     checksums.save()                      # every stage passed: the next launch hashes only what changed
     return specs

@@ -21,8 +21,7 @@ from pipeline.orchestration import identity, runs
 from pipeline.orchestration.launch import job_name_prefix, snakemake, write_launch
 from pipeline.orchestration.lock import LaunchLock, alive, describe
 from pipeline.orchestration.slurm import QueueError, active_stage_jobs, sbatch_line
-from pipeline.orchestration.spec import Workflow, WorkflowError
-from pipeline.orchestration.stages import StageSpec
+from pipeline.orchestration.spec import Stage, Workflow, WorkflowError
 
 
 def summary(config: Path) -> dict[str, tuple[str, bool]]:
@@ -44,7 +43,7 @@ def summary(config: Path) -> dict[str, tuple[str, bool]]:
     return rows
 
 
-def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
+def plan(workflow: Workflow, specs: dict[str, Stage]) -> str:
     """Per stage: whether a run would run it and Snakemake's reason, and what changed since it ran."""
     with tempfile.TemporaryDirectory(prefix="workflow-plan-") as scratch:
         config = write_launch(workflow, specs, REPO_ROOT, Path(scratch))
@@ -81,7 +80,7 @@ def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
     return "\n".join(lines)
 
 
-def html_report(workflow: Workflow, specs: dict[str, StageSpec]) -> Path:
+def html_report(workflow: Workflow, specs: dict[str, Stage]) -> Path:
     """Snakemake's HTML report: the stage graph, run times, and the report rule's scores and pictures."""
     out = workflow.root / "report" / "workflow.html"
     with tempfile.TemporaryDirectory(prefix="workflow-report-") as scratch:
@@ -92,7 +91,7 @@ def html_report(workflow: Workflow, specs: dict[str, StageSpec]) -> Path:
     return out
 
 
-def stage_status(workflow: Workflow, spec: StageSpec, active: dict) -> tuple[str, str]:
+def stage_status(workflow: Workflow, spec: Stage, active: dict) -> tuple[str, str]:
     stage_dir = workflow.root / spec.name
     if spec.name in active:
         job = active[spec.name]
@@ -119,7 +118,7 @@ def stage_status(workflow: Workflow, spec: StageSpec, active: dict) -> tuple[str
     return "failed", f"stopped without finishing (killed?); log: {run_dir / 'stage.log'}"
 
 
-def format_status(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
+def format_status(workflow: Workflow, specs: dict[str, Stage]) -> str:
     holder, active, unknown = LaunchLock(workflow).holder(), {}, None
     if workflow.launcher == "slurm" or (holder or {}).get("job_id"):
         try:
