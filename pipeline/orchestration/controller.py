@@ -26,10 +26,9 @@ from pathlib import Path
 from pipeline.orchestration import runs
 from pipeline.orchestration.launch import job_name_prefix, run_command, snakemake
 from pipeline.orchestration.lock import LaunchLock
-from pipeline.orchestration.slurm_jobs import QueueError, active_stage_jobs, run
-from pipeline.orchestration.spec import WorkflowError, workflow_from_dict
+from pipeline.orchestration.slurm import QueueError, active_stage_jobs, run
+from pipeline.orchestration.spec import Stage, WorkflowError, workflow_from_dict
 from pipeline.orchestration.stage import StageError, read_inputs
-from pipeline.orchestration.stages import StageSpec
 
 POLL_S = 30.0
 
@@ -38,12 +37,15 @@ def say(message: str) -> None:
     print(f"[{runs.now()}] {message}", flush=True)
 
 
-def adoption(launch: dict) -> tuple[list[str], list[str]]:
-    """(stages done: their run of the version they would run now finished, and their sentinel names its content;
-    stages to run again: a sentinel of anything else, e.g. of another config, which Snakemake could take as done)."""
+def adopt(config: Path) -> list[str]:
+    """Snakemake's records made to agree with the sentinels that stage jobs wrote while no Snakemake watched: the
+    stages done (their run of the version they would run now finished, and their sentinel names its content) are
+    marked so, their current parameters and input checksums recorded; returns the stages to run again (a sentinel of
+    anything else, e.g. of another config, which Snakemake could take as done)."""
+    launch = runs.read_json(config)
     root, done, again = Path(launch["workflow"]["root"]), [], []
     for name, raw in launch["stages"].items():
-        spec, sentinel = StageSpec.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
+        spec, sentinel = Stage.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
         if spec.entry == "report" or sentinel is None:
             continue
         try:
@@ -54,18 +56,9 @@ def adoption(launch: dict) -> tuple[list[str], list[str]]:
         version = runs.version_name(spec.identity, contents, spec.rerun)
         record = runs.read_json(root / name / version / runs.RECORD) or {}
         (done if record.get("finished") and record.get("content") == sentinel["content"] else again).append(name)
-    return done, again
-
-
-def adopt(config: Path) -> list[str]:
-    """Snakemake's records made to agree with the sentinels that stage jobs wrote while no Snakemake watched: the
-    stages done are marked so (their current parameters and input checksums recorded); returns the stages to run
-    again."""
-    launch = runs.read_json(config)
-    done, again = adoption(launch)
     if done:
         argv, env = snakemake(config, "--touch", "--cores", "1", "--forcerun", *done, "--allowed-rules", *done,
-                              "--", *(str(runs.sentinel_path(Path(launch["workflow"]["root"]), n)) for n in done))
+                              "--", *(str(runs.sentinel_path(root, n)) for n in done))
         subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
     say(f"done: {', '.join(done) or 'none'}; to run again: {', '.join(again) or 'none'}")
     return again

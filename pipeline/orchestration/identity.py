@@ -90,11 +90,9 @@ class Checksums:
     def _sha256(self, name: str) -> str:
         stat, key = os.stat(name), os.path.realpath(name)
         if (self.cache.get(key) or {}).get("stamp") != [stat.st_size, stat.st_mtime_ns]:
-            digest = hashlib.sha256()
             with open(name, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            self.cache[key] = {"stamp": [stat.st_size, stat.st_mtime_ns], "sha256": digest.hexdigest()}
+                digest = hashlib.file_digest(handle, "sha256").hexdigest()
+            self.cache[key] = {"stamp": [stat.st_size, stat.st_mtime_ns], "sha256": digest}
         return self.cache[key]["sha256"]
 
     def save(self) -> None:

@@ -1,13 +1,13 @@
-"""What `python pipeline/workflow.py` does for each action, once every stage is composed and checked:
+"""A run of the workflow, once every stage is composed and checked (`workflow.action=run`):
 
-    run, local   Snakemake here, holding the launch lock until it ends (Ctrl-C stops it and every running stage)
-    run, slurm   the controller (Snakemake with the SLURM executor) submitted as a small SLURM job; returns at once
-    plan         per stage, Snakemake's own status of its output (--summary), what changed since it ran (config
-                 keys, code, packages) and, for SLURM, its sbatch options; nothing runs
-    report       Snakemake's HTML report (stage graph, run times, the report rule's scores and pictures)
+    local   Snakemake here, holding the launch lock until it ends (Ctrl-C stops it and every running stage)
+    slurm   the controller (Snakemake with the SLURM executor) submitted as a small SLURM job; returns at once
 
 A run writes the launch's config, the stages as composed here, to <root>/_workflow/launches/<time>.json and takes a
-snapshot of the code (snapshot.py); Snakemake and every stage job read that config and run that code.
+snapshot of the code: a copy of the checkout's source (the packages, conf/, infra/) under
+<root>/_workflow/code/<hash of its files>/. Snakemake, the SLURM controller and every stage job (and each of their
+requeues) read that config and run from that copy, so an edit or a `git pull` in the checkout changes nothing in
+flight; the next launch takes a new copy if the files changed (the same files share one).
 """
 from __future__ import annotations
 
@@ -15,22 +15,21 @@ import dataclasses
 import hashlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from pipeline.core.app import REPO_ROOT
-from pipeline.orchestration import identity, runs
+from pipeline.orchestration import runs
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.report import report_files
-from pipeline.orchestration.slurm_resources import rule_resources, sbatch_line
-from pipeline.orchestration.snapshot import take_snapshot
-from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Workflow, WorkflowError
-from pipeline.orchestration.stages import StageSpec
+from pipeline.orchestration.slurm import rule_resources
+from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Stage, Workflow, WorkflowError
 
 SLURM_LOG_DIR = "slurm_logs"
+SOURCES = ("pipeline", "model", "data_prep", "conf", "infra", "pyproject.toml")     # what a snapshot holds
 
 
 def job_name_prefix(name: str, root: str | Path) -> str:
@@ -39,7 +38,28 @@ def job_name_prefix(name: str, root: str | Path) -> str:
     return f"{name[:30]}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
 
 
-def write_launch(workflow: Workflow, specs: dict[str, StageSpec], code: Path, directory: Path | None = None) -> Path:
+def take_snapshot(state_dir: Path, repo: Path = REPO_ROOT) -> Path:
+    """The code snapshot's root (it is importable: its pipeline/, model/ and data_prep/ are the packages)."""
+    files = sorted(p for top in SOURCES for p in ([repo / top] if (repo / top).is_file() else (repo / top).rglob("*"))
+                   if p.is_file() and "__pycache__" not in p.parts
+                   and not any(part.startswith(".") for part in p.relative_to(repo).parts))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
+    target = state_dir / "code" / digest.hexdigest()[:12]
+    if not target.is_dir():
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        for path in files:
+            (partial / path.relative_to(repo)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, partial / path.relative_to(repo))
+        try:
+            os.rename(partial, target)
+        except OSError:                      # another launch made the same copy meanwhile
+            shutil.rmtree(partial)
+    return target
+
+
+def write_launch(workflow: Workflow, specs: dict[str, Stage], code: Path, directory: Path | None = None) -> Path:
     """The launch's Snakemake config file."""
     record = {"workflow": workflow.config, "code": str(code), "executor": workflow.launcher, "created": runs.now(),
               "stages": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
@@ -81,7 +101,7 @@ def run_command(config: Path, forcerun: list[str] = ()) -> tuple[list[str], dict
     return snakemake(config, *args, *wf["snakemake_args"])
 
 
-def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -> Path:
+def prepare(workflow: Workflow, specs: dict[str, Stage], lock: LaunchLock) -> Path:
     """Under the lock: the code snapshot, the launch's config; Snakemake's lock released if a dead holder left it."""
     config = write_launch(workflow, specs, take_snapshot(workflow.state_dir))
     if lock.took_over:
@@ -90,7 +110,7 @@ def prepare(workflow: Workflow, specs: dict[str, StageSpec], lock: LaunchLock) -
     return config
 
 
-def run_local(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
+def run_local(workflow: Workflow, specs: dict[str, Stage]) -> int:
     with LaunchLock(workflow) as lock:
         config = prepare(workflow, specs, lock)
         print(f"workflow {workflow.name}: {len(specs)} stages, outputs in {workflow.root}", flush=True)
@@ -108,7 +128,7 @@ def run_local(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
     return code
 
 
-def submit_controller(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
+def submit_controller(workflow: Workflow, specs: dict[str, Stage]) -> int:
     """The controller as a SLURM job of its own (controller.py): no login shell has to stay open for days."""
     controller = workflow.slurm["controller"]
     lock = LaunchLock(workflow)
@@ -139,71 +159,3 @@ def submit_controller(workflow: Workflow, specs: dict[str, StageSpec]) -> int:
           f"  log:    tail -f {log}\n  status: python pipeline/workflow.py +workflow={workflow.name} "
           f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (and its stage jobs)")
     return 0
-
-
-def summary(config: Path) -> dict[str, tuple[str, bool]]:
-    """rule -> (Snakemake's status of its output, whether it runs): Snakemake's --summary, which runs nothing. A
-    root without Snakemake's records yet is looked at from a scratch directory, so that nothing is created there."""
-    root = Path(runs.read_json(config)["workflow"]["root"])
-    with tempfile.TemporaryDirectory(prefix="workflow-plan-") as scratch:
-        argv, env = snakemake(config, "--summary", "--quiet", "all", "--cores", "1",
-                              workdir=root if (root / ".snakemake").is_dir() else Path(scratch))
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=scratch)
-    if result.returncode != 0:
-        raise WorkflowError(f"snakemake --summary failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    rows: dict[str, tuple[str, bool]] = {}
-    lines = [line.split("\t") for line in result.stdout.splitlines()]
-    header = next((fields for fields in lines if fields[0] == "output_file"), [])
-    for row in (dict(zip(header, fields)) for fields in lines if header and len(fields) == len(header)):
-        if row["rule"] not in rows or row["plan"] == "update pending":
-            rows[row["rule"]] = (row["status"], row["plan"] == "update pending")
-    return rows
-
-
-def plan(workflow: Workflow, specs: dict[str, StageSpec]) -> str:
-    """Per stage: whether a run would run it and Snakemake's reason, and what changed since it ran."""
-    with tempfile.TemporaryDirectory(prefix="workflow-plan-") as scratch:
-        config = write_launch(workflow, specs, REPO_ROOT, Path(scratch))
-        rows = summary(config)
-        resources = runs.read_json(config)["rule_resources"]
-    width = max(len(name) for name in specs)
-    lines = [f"workflow {workflow.name} ({workflow.launcher}), outputs in {workflow.root}"]
-    packages = identity.package_versions()
-    for name, spec in specs.items():
-        status, runs_it = rows.get(name, ("missing", True))
-        notes = [{("ok", True): "an input stage runs", ("ok", False): "done, up to date"}.get((status, runs_it),
-                                                                                                status)]
-        ran = runs.read_json(workflow.root / name / runs.CURRENT / runs.RECORD) or {}
-        if ran and ran.get("identity") != spec.identity:
-            changed = identity.changed_keys(ran.get("document") or {}, spec.document)
-            notes.append(f"config changed since it ran: {', '.join(changed)} (a new run directory; "
-                         f"{(workflow.root / name / runs.CURRENT).resolve()} is kept)")
-        unfinished = [r.parent for r in (workflow.root / name).glob(f"*/{runs.RECORD}")
-                      if not r.parent.is_symlink() and (runs.read_json(r) or {}).get("identity") == spec.identity
-                      and not (runs.read_json(r) or {}).get("finished")]
-        if unfinished and runs_it:
-            notes.append(f"its run {unfinished[0]} did not finish: it resumes there")
-        if ran.get("code_version") and ran["code_version"] != spec.code_version:
-            notes.append(f"code changed since it ran ({ran['code_version']} -> {spec.code_version}): "
-                         + ("it runs again on it" if spec.rerun else
-                            f"to run it again on it, workflow.rerun_code_changed=[{name}]"))
-        moved = [f"{p} {v} -> {packages.get(p)}" for p, v in (ran.get("packages") or {}).items()
-                 if packages.get(p) != v]
-        if moved:
-            notes.append(f"packages changed since it ran: {', '.join(moved)}")
-        lines.append(f"  {name:<{width}}  {'run' if runs_it else 'skip'}: {'; '.join(notes)}")
-        if workflow.launcher == "slurm" and name in resources:
-            lines.append(f"  {'':<{width}}  sbatch {sbatch_line(resources[name])}")
-    lines.append(f"  {sum(runs_it for _, runs_it in rows.values())} of {len(specs)} stages would run")
-    return "\n".join(lines)
-
-
-def html_report(workflow: Workflow, specs: dict[str, StageSpec]) -> Path:
-    """Snakemake's HTML report: the stage graph, run times, and the report rule's scores and pictures."""
-    out = workflow.root / "report" / "workflow.html"
-    with tempfile.TemporaryDirectory(prefix="workflow-report-") as scratch:
-        argv, env = snakemake(write_launch(workflow, specs, REPO_ROOT, Path(scratch)), "--report", str(out))
-        result = subprocess.run(argv, env=env, cwd=scratch, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise WorkflowError(f"snakemake --report failed: {result.stderr.strip()[-2000:]}")
-    return out

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from pipeline.orchestration import runs
-from pipeline.orchestration.slurm_jobs import ACTIVE_STATES, QueueError, job_state
+from pipeline.orchestration.slurm import ACTIVE_STATES, QueueError, job_state
 from pipeline.orchestration.spec import Workflow, WorkflowError
 
 LOCK_FILE = "lock.json"
@@ -91,7 +91,7 @@ def alive(pid: Any) -> bool:
 
 
 def refuse_if_alive(workflow: Workflow, holder: dict[str, Any] | None) -> None:
-    """Raises WorkflowError, naming the holder of the root's lock, unless it is gone."""
+    """Raises WorkflowError, naming the holder of the root's lock, unless it is gone (or there is none)."""
     lock_file = workflow.state_dir / LOCK_FILE
     running = f"workflow {workflow.name} in {workflow.root} is already running: {describe(holder)}"
     remove = f"if it is gone, remove {lock_file} and launch again"
@@ -107,10 +107,3 @@ def refuse_if_alive(workflow: Workflow, holder: dict[str, Any] | None) -> None:
         raise WorkflowError(f"{running}, whose process cannot be seen from this host; {remove}")
     elif holder and alive(holder.get("pid")):
         raise WorkflowError(f"{running} (its process is alive). Wait for it, or stop it (Ctrl-C) and launch again.")
-
-
-def refuse_if_running(workflow: Workflow) -> None:
-    """Say at once, before minutes of composing and checking, that another launch holds this root (taking nothing)."""
-    holder = LaunchLock(workflow).holder()
-    if holder is not None:
-        refuse_if_alive(workflow, holder)

@@ -5,19 +5,33 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
 from pipeline.orchestration import runs
-from pipeline.orchestration.wandb_links import wandb_links
 
 COLUMNS = ("task", "metric", "score", "metrics", "stage", "wandb")
+RUN_URL = re.compile(r"https?://\S+/runs/[\w-]+")
 
 
 def report_files(root: Path, specs: dict) -> list[str]:
     """What the report writes (the report rule's outputs)."""
     curves = [f"curves-{name}.png" for name, spec in specs.items() if spec.entry == "train"]
     return [str(Path(root) / "report" / name) for name in ("scores.csv", "scores.png", *curves)]
+
+
+def wandb_links(output_dir: Path, log_path: Path) -> list[str]:
+    """Where a stage's W&B run can be seen: the run's URL (online; W&B prints it in the log), or its offline directory
+    (for `wandb sync`). Nothing when W&B was off."""
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+    links = list(dict.fromkeys(RUN_URL.findall(text)))
+    for run_dir in sorted(output_dir.glob("wandb/offline-run-*")):
+        links.append(f"offline: {run_dir} (upload with `wandb sync {run_dir}`)")
+    if not links:
+        # an online run whose URL did not reach a log we can read: its files still name the run
+        links += [f"run files: {d}" for d in sorted(output_dir.glob("wandb/run-*"))]
+    return links
 
 
 def _picture(path: Path, draw) -> None:

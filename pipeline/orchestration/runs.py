@@ -56,6 +56,12 @@ def version_name(identity: str, input_contents: Mapping[str, str], rerun: str | 
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
+def runs_of(stage_dir: Path, identity: str) -> list[tuple[Path, dict]]:
+    """(run directory, record) of each run of this identity of a stage (not through `current`, the link)."""
+    return [(path.parent, record) for path in stage_dir.glob(f"*/{RECORD}") if not path.parent.is_symlink()
+            and (record := read_json(path) or {}).get("identity") == identity]
+
+
 def point_current(stage_dir: Path, run_dir: Path) -> None:
     temporary = stage_dir / f".{CURRENT}.{os.getpid()}"
     temporary.unlink(missing_ok=True)

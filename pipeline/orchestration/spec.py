@@ -7,7 +7,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from pipeline.core.app import CONFIG_ROOT, TRAINING_CONFIGS
 
@@ -35,19 +35,32 @@ def ranks_per_node(resources: dict) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
+    """One stage: as the workflow config gives it, then composed, checked and given its identity (stages.py); it
+    travels as JSON in the launch's config file to the Snakefile and the stage runner."""
     name: str
     entry: str                               # data_prep | train | export | finetune | report
-    inputs: dict[str, str]                   # role -> producing stage
-    overrides: tuple[str, ...]               # Hydra overrides of the entry point's own config
+    inputs: dict[str, str]                   # role -> the stage that produces it
+    overrides: list[str]                     # the stage's own overrides of its entry point's config
     resources: dict[str, Any]
+    upstream: list[str] | None = None        # the stages it reads (default: from its inputs)
+    operational: list[str] = dataclasses.field(default_factory=list)    # the workflow's: W&B, devices, runner options
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    identity: str | None = None              # hash of `document`: the rule's parameter
+    document: dict[str, Any] | None = None   # what shapes the result: the config (external inputs by content)
+    code_version: str | None = None          # of the modules the entry point imports: recorded and shown, not compared
+    rerun: str | None = None                 # workflow.rerun_code_changed asked for a new run with this code version
 
-    @property
-    def upstream(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(self.inputs.values()))
+    def __post_init__(self):
+        if self.upstream is None:
+            object.__setattr__(self, "upstream", list(dict.fromkeys(self.inputs.values())))
 
     @property
     def world_size(self) -> int:
         return self.resources["nodes"] * ranks_per_node(self.resources)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Stage":
+        return cls(**{field.name: raw[field.name] for field in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +85,32 @@ def available_workflows() -> list[str]:
     return sorted(p.stem for p in WORKFLOW_CONFIGS.glob("*.yaml") if p.stem != "base")
 
 
-def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
-    """conf/workflow/<name>.yaml (picked by +workflow=NAME) with the overrides."""
-    from hydra import compose, initialize_config_dir
+def compose(config_dir: Path, config_name: str | None, overrides: Sequence[str], unset_hint: str):
+    """A Hydra config composed outside a Hydra app and resolved; raises WorkflowError on a wrong override or a
+    mandatory value (???) left unset."""
+    from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+
+    from pipeline.orchestration.identity import leaves
+
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+        missing = [key for key, value in leaves(OmegaConf.to_container(cfg, resolve=False))
+                   if value == "???" and not key.startswith("hydra.")]
+        if missing:
+            raise WorkflowError(f"{', '.join(missing)} is not set: {unset_hint}")
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise WorkflowError(str(error)) from None
+    return cfg
+
+
+def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
+    """conf/workflow/<name>.yaml (picked by +workflow=NAME) with the overrides."""
+    from omegaconf import OmegaConf
 
     # `workflow=NAME` reads naturally but there is no primary config to override: accept it as +workflow=NAME. Open
     # maps (the environment, a stage's resources, per-task overrides) take any key without Hydra's `+`/`++`.
@@ -90,16 +123,11 @@ def load_workflow(overrides: Sequence[str] = ()) -> Workflow:
         raise WorkflowError(f"unknown workflow {chosen[-1]!r}; available: {known} (conf/workflow/)" if chosen else
                             f"which workflow? pass +workflow=NAME; available: {known} (conf/workflow/)")
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_ROOT), version_base="1.3"):
-            cfg = compose(config_name=None, overrides=list(overrides))
-        raw = OmegaConf.to_container(cfg.workflow, resolve=True, throw_on_missing=True)
-    except (HydraException, OmegaConfBaseException) as error:
-        missing = re.search(r"Missing mandatory value: ([\w.]+)", str(error))
-        if missing:
-            raise WorkflowError(f"{missing.group(1)} is not set: pass {missing.group(1)}=... (conf/workflow/"
-                                f"{chosen[-1]}.yaml leaves it to you)") from None
+        cfg = compose(CONFIG_ROOT, None, overrides,
+                      f"pass it on the command line (conf/workflow/{chosen[-1]}.yaml leaves it to you)")
+    except WorkflowError as error:
         raise WorkflowError(f"workflow config: {error}") from None
-    return workflow_from_dict(raw)
+    return workflow_from_dict(OmegaConf.to_container(cfg.workflow))
 
 
 def validate(raw: dict[str, Any]) -> dict[str, Any]:
@@ -123,11 +151,11 @@ def workflow_from_dict(raw: dict[str, Any]) -> Workflow:
     raw = validate(raw)
     # Resolved once, here: every rule and job runs in another working directory, and job names hash it.
     raw["root"] = str(Path(raw["root"]).expanduser().resolve())
-    stages = [Stage(name, s["entry"], s["inputs"], tuple(s["overrides"]), s["resources"])
+    stages = [Stage(name, s["entry"], s["inputs"], s["overrides"], s["resources"])
               for name, s in raw["stages"].items()]
     stages += _downstream_stages(raw["downstream"], {s.name for s in stages})
     if raw["report"]:
-        stages.append(Stage(REPORT_STAGE, "report", {}, (), {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1,
+        stages.append(Stage(REPORT_STAGE, "report", {}, [], {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1,
                                                                "time": "00:10:00"}))
     for stage in stages:
         if stage.entry == "finetune" and not any(o.startswith("task=") for o in stage.overrides):
@@ -155,7 +183,7 @@ def _downstream_stages(spec: dict[str, Any], existing: set[str]) -> list[Stage]:
         if f"finetune_{task}" in existing:
             raise WorkflowError(f"stage finetune_{task} is both in workflow.stages and made from "
                                 "workflow.downstream.tasks")
-        overrides = (f"task={task}", *spec["overrides"], *spec["per_task"].get(task, ()))
+        overrides = [f"task={task}", *spec["overrides"], *spec["per_task"].get(task, ())]
         stages.append(Stage(f"finetune_{task}", "finetune", {"init": spec["init"]}, overrides, spec["resources"]))
     return stages
 

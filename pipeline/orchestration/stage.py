@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from pipeline.orchestration import identity, runs
-from pipeline.orchestration.spec import ranks_per_node
-from pipeline.orchestration.stages import StageSpec, entry_argv
+from pipeline.orchestration.spec import Stage, ranks_per_node
+from pipeline.orchestration.stages import entry_argv
 
 LOG_NAME = "stage.log"
 
@@ -32,7 +32,7 @@ class StageError(RuntimeError):
     pass
 
 
-def read_inputs(root: Path, spec: StageSpec) -> dict[str, dict]:
+def read_inputs(root: Path, spec: Stage) -> dict[str, dict]:
     inputs = {}
     for role, upstream in spec.inputs.items():
         sentinel = runs.read_json(runs.sentinel_path(root, upstream))
@@ -45,7 +45,7 @@ def read_inputs(root: Path, spec: StageSpec) -> dict[str, dict]:
     return inputs
 
 
-def command(spec: StageSpec, inputs: dict[str, dict], run_dir: Path, on_slurm: bool) -> tuple[list[str], dict]:
+def command(spec: Stage, inputs: dict[str, dict], run_dir: Path, on_slurm: bool) -> tuple[list[str], dict]:
     argv = [sys.executable, *entry_argv(spec, {role: Path(i["run_dir"]) for role, i in inputs.items()}, run_dir)]
     if not on_slurm:
         return argv, {}
@@ -67,7 +67,7 @@ def tail(path: Path, lines: int = 30) -> str:
 def run_stage(launch: dict, name: str, log: str) -> None:
     """Runs stage `name` of the launch (the Snakemake config); raises StageError when it fails."""
     root, code = Path(launch["workflow"]["root"]), Path(launch["code"])
-    spec = StageSpec.from_dict(launch["stages"][name])
+    spec = Stage.from_dict(launch["stages"][name])
     with open(log, "a", encoding="utf-8") as say:
         inputs = read_inputs(root, spec)
         version = runs.version_name(spec.identity, {role: i["content"] for role, i in inputs.items()}, spec.rerun)

@@ -1,5 +1,5 @@
 """Each stage as its entry point runs it: the entry point's own config composed with the stage's overrides (so a
-misspelt key or group fails here, before anything runs), checked at the stage's declared shape (preflight.py), and
+misspelt key or group fails here, before anything runs), checked at the stage's declared shape (check_stage), and
 its identity (identity.py). The stage's command line takes its inputs' run directories when the stage starts.
 
 Three kinds of overrides reach an entry point: the stage's own (conf/workflow/), the workflow's operational ones
@@ -17,35 +17,11 @@ from typing import Any, Iterator, Mapping
 
 from pipeline.core.app import TRAINING_CONFIGS
 from pipeline.orchestration import identity, runs
-from pipeline.orchestration.spec import Stage, Workflow, WorkflowError, ranks_per_node
+from pipeline.orchestration.spec import INPUT_ROLES, Stage, Workflow, WorkflowError, compose, ranks_per_node
 
-# The keys the workflow sets from a stage's inputs and outputs; a stage's own overrides must leave them alone.
-WIRED_KEYS = {"data_prep": ("output_dir",), "finetune": ("init", "hydra.run.dir", "output_dir"),
-              "train": ("data.path", "hydra.run.dir", "init_from_checkpoint", "ckpt_path", "output_dir",
-                        "callbacks.checkpoint.save_last")}
+STAGE_UNSET = "add it to the stage's overrides"
 PROGRAMS = {"data_prep": ["data_prep/run.py"], "train": ["pipeline/train.py"], "finetune": ["pipeline/finetune.py"],
             "export": ["-m", "pipeline.orchestration.export_stage"]}
-
-
-@dataclasses.dataclass(frozen=True)
-class StageSpec:
-    """One stage as the Snakefile and the stage runner see it (it travels as JSON in the launch's config file)."""
-    name: str
-    entry: str
-    inputs: dict[str, str]            # role -> the stage that produces it
-    overrides: list[str]              # the stage's own overrides of its entry point's config
-    operational: list[str]            # the workflow's: W&B, devices, runner options
-    env: dict[str, str]
-    identity: str                     # hash of `document`: the rule's parameter
-    document: dict[str, Any]          # what shapes the result: the config (external inputs by content)
-    resources: dict[str, Any]
-    upstream: list[str]
-    code_version: str | None          # of the modules the entry point imports: recorded and shown, not compared
-    rerun: str | None = None          # workflow.rerun_code_changed asked for a new run with this code version
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "StageSpec":
-        return cls(**{field.name: raw[field.name] for field in dataclasses.fields(cls)})
 
 
 def operational_overrides(workflow: Workflow, stage: Stage) -> list[str]:
@@ -85,7 +61,7 @@ def wired_overrides(entry: str, inputs: Mapping[str, Path], run_dir: Path) -> li
     raise WorkflowError(f"no command for entry {entry!r}")
 
 
-def entry_argv(spec: StageSpec, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
+def entry_argv(spec: Stage, inputs: Mapping[str, Path], run_dir: Path) -> list[str]:
     """The entry point's command line (after the interpreter)."""
     return [*PROGRAMS[spec.entry], *spec.overrides, *wired_overrides(spec.entry, inputs, run_dir), *spec.operational]
 
@@ -105,15 +81,18 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
 def compose_stage(workflow: Workflow, stage: Stage):
     """The stage's entry-point config, as it will run (its inputs' paths stand in as <root>/<input>/current); None
     for the stages without one (export, report)."""
-    for override in stage.overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key in WIRED_KEYS.get(stage.entry, ()):
-            raise WorkflowError(f"stage {stage.name}: {key} is set by the workflow (from the stage's inputs and "
-                                f"outputs under workflow.root); remove {override!r} from its overrides")
     if stage.entry not in ("data_prep", "train", "finetune"):
         return None
     inputs = {role: workflow.root / source / runs.CURRENT for role, source in stage.inputs.items()}
     run_dir = workflow.root / stage.name / runs.CURRENT
+    # The keys the workflow sets from the stage's inputs and outputs: its own overrides must leave them alone
+    wired = {o.split("=", 1)[0] for o in wired_overrides(stage.entry, dict.fromkeys(INPUT_ROLES[stage.entry], run_dir),
+                                                         run_dir)}
+    for override in stage.overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in wired | {"output_dir"}:
+            raise WorkflowError(f"stage {stage.name}: {key} is set by the workflow (from the stage's inputs and "
+                                f"outputs under workflow.root); remove {override!r} from its overrides")
     overrides = [*stage.overrides, *wired_overrides(stage.entry, inputs, run_dir),
                  *operational_overrides(workflow, stage)]
     # Beam options are not config; Hydra's run directory is output_dir once composed outside a Hydra app
@@ -123,37 +102,16 @@ def compose_stage(workflow: Workflow, stage: Stage):
             if stage.entry == "data_prep":
                 from data_prep.presets import PRESET_DIR, split_preset
                 preset, rest = split_preset(overrides)
-                return _compose(PRESET_DIR, preset, rest)
-            return _compose(TRAINING_CONFIGS, stage.entry, [*overrides, f"output_dir={run_dir}"])
+                return compose(PRESET_DIR, preset, rest, STAGE_UNSET)
+            return compose(TRAINING_CONFIGS, stage.entry, [*overrides, f"output_dir={run_dir}"], STAGE_UNSET)
     except (WorkflowError, ValueError) as error:
         raise WorkflowError(f"stage {stage.name} ({stage.entry}): {error}") from None
 
 
-def _compose(config_dir: Path, config_name: str, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=overrides)
-        missing = [key for key, value in identity.leaves(OmegaConf.to_container(cfg, resolve=False))
-                   if value == "???" and not key.startswith("hydra.")]
-        if missing:
-            raise WorkflowError(f"{', '.join(missing)} not set (add it to the stage's overrides)")
-        OmegaConf.resolve(cfg)
-    except (HydraException, OmegaConfBaseException) as error:
-        raise WorkflowError(str(error)) from None
-    return cfg
-
-
-def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, StageSpec]:
-    """Every stage composed, checked at its declared shape (preflight.py) and given its identity; raises
+def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stage]:
+    """Every stage composed, checked at its declared shape (check_stage) and given its identity; raises
     WorkflowError on the first stage that does not pass."""
     from omegaconf import OmegaConf
-
-    from pipeline.orchestration.preflight import check_stage
 
     checksums = identity.Checksums(workflow.state_dir / "checksums.json")
     rerun = set(workflow.rerun_code_changed)
@@ -168,12 +126,54 @@ def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stag
         code = identity.code_version(stage.entry)
         ran = runs.read_json(workflow.root / stage.name / runs.CURRENT / runs.RECORD) or {}
         asked = stage.name in rerun or "all" in rerun
-        specs[stage.name] = StageSpec(
-            name=stage.name, entry=stage.entry, inputs=dict(stage.inputs), overrides=list(stage.overrides),
-            operational=operational_overrides(workflow, stage), env={k: str(v) for k, v in workflow.env.items()
-                                                                      if v is not None},
-            identity=identity.identity_hash(document), document=document, resources=stage.resources,
-            upstream=list(stage.upstream), code_version=code,
+        env = {key: str(value) for key, value in workflow.env.items() if value is not None}
+        specs[stage.name] = dataclasses.replace(
+            stage, operational=operational_overrides(workflow, stage), env=env, document=document,
+            identity=identity.identity_hash(document), code_version=code,
             rerun=code if asked and ran.get("finished") and ran.get("code_version") != code else None)
     checksums.save()                      # every stage passed: the next launch hashes only what changed
     return specs
+
+
+def check_stage(stage: Stage, cfg: Any, data_prep_args: tuple[str, ...] = ()) -> None:
+    """The stage's composed config through its entry point's own pre-flight checks, at the number of processes its
+    resources give (nodes x processes per node); raises WorkflowError naming the stage and what to change.
+
+    - data prep: the settings (data_prep.config), the runner choice, and that every input path matches files;
+    - pre-training: pipeline.pretraining.checks.preflight at the stage's world size: the global batch over the
+      processes, the schedule, strategy x optimizer x precision, the phase-2 init, the W&B mode and key;
+    - fine-tuning: the task, its split files (from data.dir, data.<split> or the environment variable its config
+      reads, e.g. GLUE_DIR), the batch over the processes, the W&B mode and key.
+
+    What needs an upstream stage's output (the shard set's manifest, the weights to fine-tune) is checked by the
+    entry point itself when the stage starts."""
+    try:
+        if stage.entry == "data_prep":
+            _check_data_prep(cfg, data_prep_args)
+        elif stage.entry == "train":
+            from omegaconf import OmegaConf
+
+            from pipeline.pretraining.checks import preflight
+            # without the workflow's ckpt_path=auto, which would stand in for a phase-2 init that is missing
+            preflight(OmegaConf.merge(cfg, {"ckpt_path": None}), world_size=stage.world_size)
+        elif stage.entry == "finetune":
+            from pipeline.finetuning.checks import preflight
+            preflight(cfg, world_size=stage.world_size)
+    except (ValueError, FileNotFoundError) as error:
+        shape = (f"{stage.resources['nodes']} node(s) x {ranks_per_node(stage.resources)} process(es)"
+                 if stage.entry in ("train", "finetune") else "its settings")
+        raise WorkflowError(f"stage {stage.name} ({stage.entry}) refused at {shape}: {error}") from None
+
+
+def _check_data_prep(cfg: Any, beam_args: tuple[str, ...]) -> None:
+    from omegaconf import OmegaConf
+
+    from data_prep.config import PrepConfig
+    from data_prep.dask_cluster import DaskSettings, check_runner_choice
+    from data_prep.plan import expand_inputs
+
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    dask = DaskSettings.from_dict(raw.pop("dask", None))
+    config = PrepConfig.from_dict(raw)
+    check_runner_choice(dask, [a for a in beam_args if a.startswith("-")])
+    expand_inputs(config.inputs)

@@ -16,10 +16,11 @@ import pytest
 from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.controller import adopt
-from pipeline.orchestration.launch import snakemake, summary, write_launch
-from pipeline.orchestration.spec import load_workflow
+from pipeline.orchestration.launch import snakemake, write_launch
+from pipeline.orchestration.spec import Stage, load_workflow
 from pipeline.orchestration.stage import read_inputs
-from pipeline.orchestration.stages import StageSpec, stage_specs
+from pipeline.orchestration.stages import stage_specs
+from pipeline.orchestration.views import summary
 
 LONGER_PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=21','scheduler.warmup_steps=2',"
                  "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0']")
@@ -36,7 +37,7 @@ def _launch(root, *overrides):
 
 def _finish(root, launch, stage: str, content: str) -> None:
     """What a stage job leaves when it finishes: its run directory's record, `current`, the sentinel."""
-    spec = StageSpec.from_dict(launch["stages"][stage])
+    spec = Stage.from_dict(launch["stages"][stage])
     inputs = read_inputs(root, spec)
     run_dir = root / stage / runs.version_name(spec.identity, {r: i["content"] for r, i in inputs.items()})
     runs.write_json(run_dir / runs.RECORD, {"identity": spec.identity, "finished": runs.now(), "content": content})

@@ -1,11 +1,11 @@
 """A stage's resources become the sbatch options the shipped recipes need: the SLURM executor's own submit-command
-builder (slurm_resources.sbatch_line, which `plan` prints) turns our rule resources into the sbatch line, checked here
+builder (slurm.sbatch_line, which `plan` prints) turns our rule resources into the sbatch line, checked here
 for the shapes of bert_base; the requeue contract comes from infra/slurm/train.sbatch, where it is written once."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline.orchestration.slurm_resources import megabytes, minutes, requeue_contract, rule_resources, sbatch_line
+from pipeline.orchestration.slurm import megabytes, minutes, requeue_contract, rule_resources, sbatch_line
 from pipeline.orchestration.spec import load_workflow
 
 pytest.importorskip("snakemake_executor_plugin_slurm.submit_string")

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from pipeline import workflow as workflow_entry
-from pipeline.orchestration.spec import WorkflowError, load_workflow
-from pipeline.orchestration.stages import StageSpec, compose_stage, entry_argv, operational_overrides
+from pipeline.orchestration.spec import Stage, WorkflowError, load_workflow
+from pipeline.orchestration.stages import compose_stage, entry_argv, operational_overrides
 
 
 def _error_of(capsys, *argv: str) -> str:
@@ -40,9 +40,9 @@ def test_shipped_workflows_compose_into_the_recipe(tmp_path):
 
 
 def test_the_command_of_a_stage_wires_its_inputs_run_directories(tmp_path):
-    spec = StageSpec(name="pretrain_phase2", entry="train", inputs={"shards": "prep_phase2", "init": "pretrain_phase1"},
-                     overrides=["trainer.max_steps=5"], operational=["logger.group=tiny"], env={}, identity="x",
-                     document={}, resources={}, upstream=["prep_phase2", "pretrain_phase1"], code_version=None)
+    spec = Stage(name="pretrain_phase2", entry="train", inputs={"shards": "prep_phase2", "init": "pretrain_phase1"},
+                 overrides=["trainer.max_steps=5"], operational=["logger.group=tiny"], env={}, identity="x",
+                 document={}, resources={}, upstream=["prep_phase2", "pretrain_phase1"], code_version=None)
     argv = entry_argv(spec, {"shards": tmp_path / "p2" / "v1", "init": tmp_path / "t1" / "v2"}, tmp_path / "run")
     assert argv == ["pipeline/train.py", "trainer.max_steps=5", f"data.path={tmp_path}/p2/v1",
                     f"hydra.run.dir={tmp_path}/run", "ckpt_path=auto", "callbacks.checkpoint.save_last=true",

@@ -207,7 +207,7 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     from pipeline.orchestration.controller import Controller
     from pipeline.orchestration.launch import job_name_prefix, write_launch
     from pipeline.orchestration.lock import LaunchLock
-    from pipeline.orchestration.slurm_resources import rule_resources, sbatch_line
+    from pipeline.orchestration.slurm import rule_resources, sbatch_line
     from pipeline.orchestration.spec import load_workflow
     from pipeline.orchestration.stages import stage_specs
 

@@ -1,12 +1,17 @@
-"""A stage's resources (conf/workflow/: nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem, time, partition,
-qos, constraint) as the resources of its Snakemake rule, which the SLURM executor turns into sbatch options.
+"""The workflow and SLURM: what it tells SLURM, a stage's resources as the sbatch options of its job, and what it asks:
+the state of a job, and this root's stage jobs still queued or running.
 
-Inside every stage job the stage runner starts the entry point as a job step of its own (`srun` with the stage's
-geometry; stage.py), and Snakemake's own processes stay in the batch step: the `mpi` resource tells the executor so.
-A stage of several processes asks for its tasks (--nodes, --ntasks-per-node); a one-process stage gets the `mpi` key
-with an empty value, which the submission reads as a plain one-task job. So the time-limit signal of a pre-training
-job (infra/slurm/train.sbatch's requeue contract: --signal=USR1@N, --requeue, --open-mode=append) reaches the
-training processes, one or many, and never Snakemake's.
+A stage's resources (conf/workflow/: nodes, gpus_per_node, tasks_per_node, cpus_per_task, mem, time, partition, qos,
+constraint) become the resources of its Snakemake rule, which the SLURM executor turns into sbatch options. Inside
+every stage job the stage runner starts the entry point as a job step of its own (`srun` with the stage's geometry;
+stage.py), and Snakemake's own processes stay in the batch step: the `mpi` resource tells the executor so. A stage of
+several processes asks for its tasks (--nodes, --ntasks-per-node); a one-process stage gets the `mpi` key with an
+empty value, which the submission reads as a plain one-task job. So the time-limit signal of a pre-training job
+(infra/slurm/train.sbatch's requeue contract: --signal=USR1@N, --requeue, --open-mode=append) reaches the training
+processes, one or many, and never Snakemake's.
+
+Stage jobs are named <prefix>_<run id> by Snakemake's SLURM executor, the prefix naming the workflow root. Every query
+fails closed: an error raises QueueError, never reads as an empty queue.
 """
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ from pipeline.orchestration.spec import ranks_per_node
 TRAIN_SBATCH = REPO_ROOT / "infra" / "slurm" / "train.sbatch"
 REQUEUE_OPTIONS = ("signal", "requeue", "open-mode")
 _MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+QUERY_TIMEOUT_S = 120
+ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
+                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
 
 
 def requeue_contract(sbatch_file: Path = TRAIN_SBATCH) -> dict[str, str]:
@@ -120,3 +128,45 @@ def sbatch_line(resources: Mapping[str, Any]) -> str:
     line = get_submit_command(Job(), params) + set_gres_string(Job())
     return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE",
                                  "").split())
+
+
+class QueueError(RuntimeError):
+    pass
+
+
+def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    if shutil.which(argv[0]) is None:
+        raise QueueError(f"{argv[0]} is not on the PATH")
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise QueueError(f"{' '.join(argv)} did not answer within {QUERY_TIMEOUT_S} s") from None
+    if check and result.returncode != 0:
+        raise QueueError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return result
+
+
+def job_state(job_id: str) -> str:
+    """PENDING, RUNNING, COMPLETED, FAILED ...: from squeue while slurmctld holds the job (squeue says "Invalid job
+    id" once it has left, MinJobAge after it ended), else from the accounting."""
+    queued = run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
+    if queued.returncode == 0 and queued.stdout.split():
+        return queued.stdout.split()[0]
+    if queued.returncode != 0 and "Invalid job id" not in queued.stderr:
+        raise QueueError(f"squeue -j {job_id} failed: {queued.stderr.strip()}")
+    states = run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"]).stdout.split()
+    if not states:
+        raise QueueError(f"job {job_id} is neither in the queue nor in the accounting")
+    return states[-1]
+
+
+def active_stage_jobs(prefix: str) -> list[dict[str, str]]:
+    """This user's queued or running jobs named <prefix>_...: id, state and the rule (from the job's comment,
+    which the executor sets to rule_<rule>...)."""
+    jobs = []
+    for line in run(["squeue", "--me", "-h", "-o", "%i|%j|%T|%k"]).stdout.splitlines():
+        parts = line.strip().split("|", 3)
+        if len(parts) == 4 and parts[1].startswith(f"{prefix}_"):
+            rule = parts[3][len("rule_"):].split("_wildcards")[0] if parts[3].startswith("rule_") else parts[3]
+            jobs.append({"job_id": parts[0], "state": parts[2], "rule": rule})
+    return jobs
