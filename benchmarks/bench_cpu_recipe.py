@@ -21,14 +21,13 @@ compares vocabularies on a measure that does not depend on them too (the SST-2 p
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from common import REPO_ROOT, add_shared_data_flag, shared_path, train_process
+from common import REPO_ROOT, add_shared_data_flag, metrics_rows, shared_path, train_process
 from recipe_corpus import shard_sets
 
 OUT = REPO_ROOT / "outputs" / "bench_cpu_recipe"
@@ -74,11 +73,6 @@ def _train(run_dir: Path, overrides: list[str], threads: int = THREADS) -> None:
                             "export.hf=false"], threads)
 
 
-def _rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv") as handle:
-        return list(csv.DictReader(handle))
-
-
 def _data_overrides(shared_data: Path, seq: int, vocab: str) -> list[str]:
     train, heldout = shard_sets(shared_data, OUT.parent / "recipe_corpus", seq, vocab)
     predictions = json.loads((train / "manifest.json").read_text())["parameters"]["max_predictions_per_seq"]
@@ -99,7 +93,7 @@ def calibrate(args: argparse.Namespace, names: list[str]) -> None:
                          f"trainer.max_steps={CALIBRATION_STEPS}", "scheduler.warmup_steps=2",
                          f"trainer.log_every_n_steps={CALIBRATION_WINDOW}", "callbacks.checkpoint.every_n_train_steps=0",
                          "callbacks.checkpoint.save_last=false", "export.plot=false"])
-        rates = [float(r["perf/sequences_per_s"]) for r in _rows(run_dir)
+        rates = [float(r["perf/sequences_per_s"]) for r in metrics_rows(run_dir)
                  if r.get("perf/sequences_per_s") and int(r["step"]) >= CALIBRATION_SKIP]
         steps_per_minute = 60 * max(rates) / _global_batch(overrides)
         result[shape] = {"steps_per_minute": steps_per_minute, "load_before": load_before,
@@ -129,7 +123,7 @@ def search(args: argparse.Namespace, names: list[str]) -> None:
                          f"trainer.log_every_n_steps={min(every, 50)}",
                          f"callbacks.checkpoint.every_n_train_steps={checkpoints}"], threads=args.threads)
         (run_dir / "DONE").write_text(json.dumps({"steps": steps, "wall_s": time.monotonic() - started}))
-        final = [r for r in _rows(run_dir) if r.get("val/mlm_acc")][-1]
+        final = [r for r in metrics_rows(run_dir) if r.get("val/mlm_acc")][-1]
         print(f"{name}: {steps} steps, held-out MLM acc {float(final['val/mlm_acc']):.4f}, "
               f"NSP acc {float(final['val/nsp_acc']):.4f} ({(time.monotonic() - started) / 60:.1f} min wall)",
               flush=True)
@@ -143,7 +137,7 @@ def curves(minutes: float) -> dict[str, list[tuple[float, float, float]]]:
         name = run_dir.parent.name
         per_minute = calibration[shape_of(name)]["steps_per_minute"]
         result[name] = [((int(r["step"]) + 1) / per_minute, float(r["val/mlm_acc"]), float(r["val/nsp_acc"]))
-                        for r in _rows(run_dir.parent) if r.get("val/mlm_acc")]
+                        for r in metrics_rows(run_dir.parent) if r.get("val/mlm_acc")]
     return result
 
 

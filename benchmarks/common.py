@@ -8,6 +8,7 @@ from --shared-data (or $BERT_SHARED_DATA), never from a path outside the reposit
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 from pathlib import Path
@@ -51,3 +52,9 @@ def import_test_helpers() -> None:
     """Make tests/helpers importable (the benchmarks build their small shard sets as the tests do)."""
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a training run's CSV log (<run_dir>/csv/metrics.csv), as train_process's runs write it."""
+    with open(run_dir / "csv" / "metrics.csv") as handle:
+        return list(csv.DictReader(handle))

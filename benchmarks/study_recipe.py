@@ -11,13 +11,12 @@ sequence length. Budgets are minutes of a quiet machine: steps = minutes x the s
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
 from pathlib import Path
 
-from common import train_process
+from common import metrics_rows, train_process
 from study_corpora import is_quick, shard_sets
 
 THREADS = 2
@@ -70,11 +69,6 @@ def _train(run_dir: Path, overrides: list[str], in_process: bool = False) -> Non
     train_process(run_dir, overrides, THREADS, append_log=True)   # a resumed run's sittings in one log
 
 
-def rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv") as handle:
-        return list(csv.DictReader(handle))
-
-
 QUIET_LOAD = 0.5          # the protocol's amendment: a shape is calibrated only below this 1-minute load average
 QUIET_WAIT_S = 3600
 
@@ -108,7 +102,7 @@ def calibrate(out: Path, recipes: list[dict], quick: bool = False) -> dict[str, 
                          f"trainer.log_every_n_steps={CALIBRATION_WINDOW}",
                          "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
                          "export.hf=false", "export.plot=false"], is_quick(out))
-        rates = [float(r["perf/sequences_per_s"]) for r in rows(run_dir)
+        rates = [float(r["perf/sequences_per_s"]) for r in metrics_rows(run_dir)
                  if r.get("perf/sequences_per_s") and int(r["step"]) >= (2 if quick else CALIBRATION_SKIP)]
         result[key] = {"steps_per_minute": 60 * max(rates) / BATCH, "load_before": load_before,
                        "measured": time.strftime("%Y-%m-%d %H:%M")}
@@ -133,7 +127,7 @@ def train_for(out: Path, corpus: str, recipe: dict, run_dir: Path, steps: int, c
                          f"validation.max_batches={2 if is_quick(out) else VALIDATION_BATCHES}",
                          f"trainer.log_every_n_steps={min(every, 50)}",
                          f"callbacks.checkpoint.every_n_train_steps={every if checkpoints else 0}"], is_quick(out))
-        final = [r for r in rows(run_dir) if r.get("val/mlm_acc")][-1]
+        final = [r for r in metrics_rows(run_dir) if r.get("val/mlm_acc")][-1]
         done.write_text(json.dumps({"corpus": corpus, "recipe": recipe, "steps": steps,
                                     "heldout_mlm_acc": float(final["val/mlm_acc"]),
                                     "wall_s_last_sitting": round(time.monotonic() - started, 1)}, indent=1))
