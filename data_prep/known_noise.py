@@ -18,6 +18,9 @@ _HARMLESS_LOG_MESSAGES = {
     # apache_beam.io.gcp imports a BigQuery client that needs apitools, which only the [gcp] extra installs;
     # nothing here uses BigQuery (and on Dataflow, with the extra, the message does not appear).
     "root": ("apitools not found, and bigquery client libraries are not available",),
+    # The same module's note that its BigQuery storage client is not installed, logged when training verifies a shard
+    # set through Beam's FileSystems (pipeline/pretraining/data/verify.py); nothing here reads BigQuery.
+    "apache_beam.io.gcp.bigquery": ("No module named google.cloud.bigquery_storage_v1",),
     # Beam's SDK worker on the local runners: no cross-bundle state directory, which this job never uses.
     "__main__": ("No semi_persistent_directory found", "Logging handler created."),
     # An advertisement printed by every Trainer that has no LitLogger.

@@ -8,7 +8,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 KNOWN_NOISE = ("apitools not found", "No semi_persistent_directory found", "Logging handler created",
-               "litlogger", "The `srun` command is available", "LeafSpec")
+               "litlogger", "The `srun` command is available", "LeafSpec", "bigquery_storage_v1")
 
 
 def run(*args, **kwargs):
@@ -44,8 +44,10 @@ def test_data_prep_prints_its_progress_and_summary_without_known_noise(tmp_path,
 
 
 TRAINER_SCRIPT = """
-import warnings, sys
+import logging, warnings, sys
+logging.basicConfig(level=logging.INFO)   # as Hydra's job logging: INFO records show
 import pipeline.core.app  # what every entry point imports first: installs the filters
+import data_prep.manifest  # what verifying a shard set imports: Beam's file systems (and its BigQuery module)
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger
 pl.Trainer(logger=CSVLogger(sys.argv[1]), accelerator="cpu", devices=1, enable_progress_bar=False)
