@@ -43,6 +43,14 @@ def bert_vocab() -> list[str]:
 # ---------------------------------------------------------------------------------------------- a real SLURM
 # tests/helpers/slurm.py: started once per session by the tests that need one (tests/pretraining/test_slurm.py,
 # tests/finetuning/test_finetune_slurm.py, tests/data_prep/test_dask_runner.py, the workflow's SLURM tests).
+def pytest_collection_modifyitems(items):
+    """Every test that needs the real SLURM, directly or through a fixture, is marked `slurm`: CI runs those beside
+    the others (.ci/run), as they mostly wait on SLURM's queue and Snakemake's status checks."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     missing = [d for d in SLURM_DAEMONS if shutil.which(d) is None]
