@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -159,13 +161,14 @@ def test_a_second_launch_is_refused_ctrl_c_stops_everything_and_the_relaunch_res
         while not list(root.glob("pretrain_phase1/*/checkpoints/step*.ckpt")):
             assert first.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
+        # Held while the second launch is tried: on a quiet machine phase 1 could otherwise finish before the Ctrl-C
+        os.killpg(first.pid, signal.SIGSTOP)
         second = wf.run(*up_to_phase1)
         assert second.returncode == 2, second.stdout + second.stderr
         assert f"is already running: a local run, pid {first.pid} on" in second.stderr, second.stderr
     finally:
-        import os
-        import signal
         os.killpg(first.pid, signal.SIGINT)        # Ctrl-C in the terminal: its whole process group
+        os.killpg(first.pid, signal.SIGCONT)       # (delivered as it continues)
         first.wait(timeout=600)
     assert first.returncode != 0, log.read_text()
     status = wf.status(*up_to_phase1)
