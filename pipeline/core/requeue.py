@@ -13,9 +13,9 @@ and does this instead:
 2. `RequeueOnSignal`, a callback, at every optimizer-step boundary: the ranks agree on the flag with one all-reduce
    of one number (over gloo, on the CPU: no GPU synchronisation). When any rank got the signal, every rank saves
    checkpoints/last.ckpt at the same point of the same step, outside any signal handler; once Lightning has logged
-   that step, rank 0 marks the W&B run preempted and finishes it, and runs `scontrol requeue <job>` (its return code
-   checked), while the other ranks wait for the outcome (so that none exits, and srun's --kill-on-bad-exit stops
-   rank 0, before the requeue). The
+   that step, and once every rank ignores the SIGTERM that a requeue makes SLURM send, rank 0 marks the W&B run
+   preempted and finishes it, and runs `scontrol requeue <job>` (its return code checked), while the other ranks wait
+   for the outcome (so that none exits, and srun's --kill-on-bad-exit stops rank 0, before the requeue). The
    fit then stops on every rank with `RequeueRequested`, and the processes exit with REQUEUED_EXIT_CODE
    (pipeline/pretraining/run.py, pipeline/train.py). The job's next start resumes from the newest complete
    checkpoint (train.sbatch passes ckpt_path=auto), into the same W&B run.
@@ -134,6 +134,14 @@ class RequeueOnSignal(Checkpoint):
         # Lightning's SIGTERM handler would start a broadcast on the training group from wherever it interrupts
         # (rank 0 in `scontrol`, the others waiting for its outcome) and wait there until SLURM's SIGKILL.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # ... until it exits: the fit's teardown would restore the handler of before the fit (the default, which dies)
+        originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+        if isinstance(originals, dict):
+            originals[signal.SIGTERM] = signal.SIG_IGN
+        if _distributed():
+            # Every rank ignores SIGTERM before rank 0 requeues: a rank still waiting for its next batch would take it
+            # in Lightning's handler and hang there until SLURM's SIGKILL (KillWait later), its exit status lost.
+            dist.barrier(group=self._group)
         outcome: tuple[str | None, str | None] = (None, None)
         if trainer.is_global_zero:
             finish_wandb(trainer.loggers, preempted_exit_code=REQUEUED_EXIT_CODE)

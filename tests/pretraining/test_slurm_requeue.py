@@ -100,8 +100,18 @@ class Gate(pl.Callback):
             time.sleep(0.05)
 
 
+class Lag(pl.Callback):
+    '''Rank 1 comes 3 s late to each requeue, as a rank still waiting for its next batch would: the requeue makes
+    SLURM send SIGTERM to every process, so rank 0 must not run it before every rank is ready for that.'''
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        requeue = next(c for c in trainer.callbacks if isinstance(c, RequeueOnSignal))
+        if trainer.global_rank == 1 and requeue._saved is not None:
+            time.sleep(3)
+
+
 train = run.train
-run.train = lambda cfg, extra_callbacks=(): train(cfg, extra_callbacks=[*extra_callbacks, Record(), Gate()])
+run.train = lambda cfg, extra_callbacks=(): train(cfg, extra_callbacks=[*extra_callbacks, Record(), Gate(), Lag()])
 runpy.run_path(os.path.join(os.environ["REPO_ROOT"], "pipeline", "train.py"), run_name="__main__")
 """
 
