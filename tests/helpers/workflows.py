@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,10 +53,12 @@ class Workflow:
 
     def start(self, *extra: str, log: Path) -> subprocess.Popen:
         """In the background, in a process group of its own (as a terminal runs it), output to `log` (a pipe that
-        nobody reads would block it)."""
+        nobody reads would block it). With Ctrl-C's default action, as a terminal gives it: a test run that was
+        itself started in the background of a script inherits SIGINT ignored, and so would the workflow."""
         with open(log, "wb") as handle:
             return subprocess.Popen(self.command(*extra), cwd=self.cwd, env=workflow_env(self.repo, self.extra_env),
-                                    stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def plan(self, *extra: str) -> dict[str, str]:
         """stage -> 'run: <reasons>' or 'skip: ...' from workflow.action=plan (and 'sbatch <stage>': its options)."""

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -151,11 +149,9 @@ def test_a_second_launch_is_refused_ctrl_c_stops_everything_and_the_relaunch_res
     wf, root = tiny_workflow, tiny_workflow.root
     up_to_phase1 = ("~workflow.stages.pretrain_phase2", "~workflow.stages.export", "workflow.downstream.tasks=[]",
                     "workflow.report=false", "workflow.wandb.mode=offline",
-                    "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=200','scheduler.warmup_steps=2',"
+                    "workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=60','scheduler.warmup_steps=2',"
                     "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0',"
-                    "'callbacks.checkpoint.every_n_train_steps=20','trainer.enable_progress_bar=false']")
-    # 200 steps: on a quiet machine 60 (23 s) ended before the second launch was refused and the Ctrl-C came.
-    # A checkpoint every 20 (53 MB each).
+                    "'callbacks.checkpoint.every_n_train_steps=5','trainer.enable_progress_bar=false']")
     log = root.parent / "first.log"
     first = wf.start(*up_to_phase1, log=log)
     try:
@@ -167,6 +163,8 @@ def test_a_second_launch_is_refused_ctrl_c_stops_everything_and_the_relaunch_res
         assert second.returncode == 2, second.stdout + second.stderr
         assert f"is already running: a local run, pid {first.pid} on" in second.stderr, second.stderr
     finally:
+        import os
+        import signal
         os.killpg(first.pid, signal.SIGINT)        # Ctrl-C in the terminal: its whole process group
         first.wait(timeout=600)
     assert first.returncode != 0, log.read_text()
