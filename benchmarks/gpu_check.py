@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py          # on one GPU; writes outputs/gpu_check/gpu_check.md
     python benchmarks/gpu_check.py --cpu    # the same code paths at tiny sizes on the CPU (a test in CI)
+    python benchmarks/gpu_check.py --budget 450 --override model.compile=true   # a shorter budget; a variant
 
 Every row is the pipeline's own run: pipeline.pretraining.run.train / pipeline.finetuning.run.finetune with a config
 composed as `python pipeline/train.py` / `pipeline/finetune.py` would compose it (pipeline.core.app.compose), each in
@@ -80,25 +81,26 @@ class Case:
     overrides: tuple[str, ...]
 
 
-def cases(sizes: Sizes, work: Path) -> list[Case]:
+def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
+    """The rows; extra: Hydra overrides added to the pre-training rows (--override)."""
     runs = []
     for seq, experiment, micro, shards in ((128, "bert_large", sizes.micro_128, work / "shards128"),
                                            (512, "bert_large_phase2", sizes.micro_512, work / "shards512")):
-        for strategy, optimizer, extra in (("ddp", "lamb", ()),
-                                           ("deepspeed_stage_2", "adamw", ("optimizer.lr=1e-4",))):
+        for strategy, optimizer, strategy_overrides in (("ddp", "lamb", ()),
+                                                        ("deepspeed_stage_2", "adamw", ("optimizer.lr=1e-4",))):
             runs.append(Case(
                 name=f"pretrain-{seq}-{strategy}", program="train", model=sizes.large, seq=str(seq), strategy=strategy,
                 optimizer=optimizer, batch=f"{micro} x {sizes.accumulation}",
                 overrides=(f"+experiment={experiment}", "require_init_from_checkpoint=false", f"model={sizes.large}",
                            f"trainer={sizes.trainer}", "trainer.devices=1", "trainer.num_nodes=1",
-                           f"trainer.precision={PRECISION}", f"strategy={strategy}", f"optimizer={optimizer}", *extra,
+                           f"trainer.precision={PRECISION}", f"strategy={strategy}", f"optimizer={optimizer}", *strategy_overrides,
                            "logger=csv", f"data.path={shards}", f"data.micro_batch_size={micro}",
                            f"data.global_batch_size={micro * sizes.accumulation}",
                            f"data.num_workers={sizes.loader_workers}", "data.verify_checksums=false",
                            f"trainer.max_steps={sizes.steps}", f"trainer.log_every_n_steps={sizes.log_every}",
                            "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
                            "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
-                           "export.hf=false", "export.plot=false")))
+                           "export.hf=false", "export.plot=false", *extra)))
     batch = sizes.finetune_batch
     # optimizer.fused=false: Lightning's bf16-mixed precision refuses gradient clipping (finetune.yaml clips to 1.0)
     # with any optimizer that unscales gradients itself, torch's fused AdamW included ("does not allow for gradient
@@ -121,8 +123,6 @@ def cases(sizes: Sizes, work: Path) -> list[Case]:
 def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
     """Shards at seq 128 and 512 (the bundled sample corpus on the GPU, one of its books on the CPU), and BERT-Base
     (tiny on the CPU) at random initialisation as a Hugging Face directory for fine-tuning's init=."""
-    from data_prep.run import run
-
     for seq, given, preset in ((128, args.shards_128, "phase1"), (512, args.shards_512, "phase2")):
         target = work / f"shards{seq}"
         if given is not None:
@@ -130,6 +130,8 @@ def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
                 target.unlink()
             target.symlink_to(Path(given).resolve())
         elif not (target / "manifest.json").exists():
+            from data_prep.run import run   # here: with given shard sets, the check needs no data-prep packages
+
             started = time.perf_counter()
             if sizes is GPU:   # the bundled sample, 2 copies (~20k rows at seq 128): no epoch ends inside the run
                 run([f"preset=sample{'' if seq == 128 else '_phase2'}", f"output_dir={target}", "dupe_factor=2"])
@@ -260,11 +262,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards-128", type=Path, help="a phase-1 shard set to use instead of making one")
     parser.add_argument("--shards-512", type=Path, help="a phase-2 shard set to use instead of making one")
     parser.add_argument("--only", nargs="+", help="run only these rows (names as in the table)")
+    parser.add_argument("--budget", type=float, help="seconds for the whole check, inputs included (default: 600 on "
+                        "a GPU, none on the CPU); a row still running when they run out is stopped and reported")
+    parser.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="Hydra overrides added to every pre-training row, e.g. model.compile=true")
     parser.add_argument("--case", help=argparse.SUPPRESS)   # internal: run one row in this process
     args = parser.parse_args(argv)
     sizes = CPU if args.cpu else GPU
     work = args.workdir.resolve()
-    plan = {case.name: case for case in cases(sizes, work)}
+    plan = {case.name: case for case in cases(sizes, work, tuple(args.override))}
 
     if args.case:   # the child: one run, its figures as JSON, or why it could not run
         try:
@@ -300,10 +306,11 @@ def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, st
     result_file = work / f"{case.name}.json"
     result_file.unlink(missing_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--case", case.name, "--workdir", str(work),
-               *(["--cpu"] if args.cpu else [])]
+               *(["--cpu"] if args.cpu else []), *(["--override", *args.override] if args.override else [])]
     timeout = sizes.case_timeout_s
-    if sizes.budget_s is not None:
-        timeout = min(timeout, max(30.0, sizes.budget_s - (time.perf_counter() - started)))
+    budget = args.budget if args.budget is not None else sizes.budget_s
+    if budget is not None:
+        timeout = min(timeout, max(30.0, budget - (time.perf_counter() - started)))
     print(f"{case.name}: {' '.join(case.overrides)}", flush=True)
     try:
         # On the CPU rehearsal: DeepSpeed's CPU accelerator (it picks one when first imported), and one thread, which
@@ -312,8 +319,9 @@ def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, st
         env = {**os.environ, **cpu_env}
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": f"stopped at its time limit, {timeout:.0f} s (a known hang: the lock file of an interrupted "
-                         "JIT build, left in $TORCH_EXTENSIONS_DIR, makes the next build wait for ever)"}
+        return {"error": f"stopped at its time limit, {timeout:.0f} s (the row's limit or what was left of the "
+                         "check's budget; a known hang that ends so: the lock file of an interrupted JIT build, left "
+                         "in $TORCH_EXTENSIONS_DIR, makes the next build wait for ever)"}
     log = work / f"{case.name}.log"
     log.write_text(done.stdout + done.stderr)
     result = json.loads(result_file.read_text()) if result_file.exists() else None
