@@ -95,3 +95,14 @@ def test_overrides_reach_the_pre_training_rows(benchmark_script, tmp_path):
     column = steps[0].index("step")
     assert max(int(row[column]) for row in steps[1:] if row[column]) == 1
     assert "--override trainer.max_steps=2 trainer.log_every_n_steps=1" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_spent_budget_starts_no_row_and_still_writes_the_table(benchmark_script, tmp_path):
+    """--budget bounds the whole check (a GPU machine lent for minutes): rows it leaves no time for are reported
+    as not started, and the table is written all the same."""
+    done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path), "--budget", "0",
+                            "--only", "pretrain-128-ddp", "finetune-sst2")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [line for line in (tmp_path / "gpu_check.md").read_text().splitlines()
+            if re.match(r"\| (pretrain|finetune)-", line)]
+    assert len(rows) == 2 and all("not run: not started: 0 s of the check's 0 s budget left" in row for row in rows)
