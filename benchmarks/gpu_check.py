@@ -94,8 +94,8 @@ def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
                 optimizer=optimizer, batch=f"{micro} x {sizes.accumulation}",
                 overrides=(f"+experiment={experiment}", "require_init_from_checkpoint=false", f"model={sizes.large}",
                            f"trainer={sizes.trainer}", "trainer.devices=1", "trainer.num_nodes=1",
-                           f"trainer.precision={PRECISION}", f"strategy={strategy}", f"optimizer={optimizer}", *strategy_overrides,
-                           "logger=csv", f"data.path={shards}", f"data.micro_batch_size={micro}",
+                           f"trainer.precision={PRECISION}", f"strategy={strategy}", f"optimizer={optimizer}",
+                           *strategy_overrides, "logger=csv", f"data.path={shards}", f"data.micro_batch_size={micro}",
                            f"data.global_batch_size={micro * sizes.accumulation}",
                            f"data.num_workers={sizes.loader_workers}", "data.verify_checksums=false",
                            f"trainer.max_steps={sizes.steps}", f"trainer.log_every_n_steps={sizes.log_every}",
@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards-512", type=Path, help="a phase-2 shard set to use instead of making one")
     parser.add_argument("--only", nargs="+", help="run only these rows (names as in the table)")
     parser.add_argument("--budget", type=float, help="seconds for the whole check, inputs included (default: 600 on "
-                        "a GPU, none on the CPU); a row still running when they run out is stopped and reported")
+                        "a GPU, none on the CPU); a row still running when they run out is stopped and reported, "
+                        "one they leave under 30 s is not started")
     parser.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
                         help="Hydra overrides added to every pre-training row, e.g. model.compile=true")
     parser.add_argument("--case", help=argparse.SUPPRESS)   # internal: run one row in this process

@@ -91,7 +91,8 @@ def test_overrides_reach_the_pre_training_rows(benchmark_script, tmp_path):
     done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path), "--only", "pretrain-128-ddp",
                             "--override", "trainer.max_steps=2", "trainer.log_every_n_steps=1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    steps = [line.split(",") for line in (tmp_path / "pretrain-128-ddp" / "csv" / "metrics.csv").read_text().splitlines()]
+    metrics = (tmp_path / "pretrain-128-ddp" / "csv" / "metrics.csv").read_text()
+    steps = [line.split(",") for line in metrics.splitlines()]
     column = steps[0].index("step")
     assert max(int(row[column]) for row in steps[1:] if row[column]) == 1
     assert "--override trainer.max_steps=2 trainer.log_every_n_steps=1" in (tmp_path / "gpu_check.md").read_text()
