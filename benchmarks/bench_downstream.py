@@ -18,12 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from common import REPO_ROOT, add_shared_data_flag, shared_path
-from data_prep.known_noise import silence_known_noise
-
-silence_known_noise()   # as the entry points do, before the stages import Beam (its apitools warning, for one)
-
-from study_corpora import build_corpora, shard_sets  # noqa: E402
+from common import REPO_ROOT, add_shared_data_flag, shared_path   # silences the known noise, before Beam's import
+from study_corpora import build_corpora, shard_sets
 from study_recipe import (CORPORA, SMALL_SHAPE, TRIES, TRY_MINUTES, budget_steps, calibrate, choose,
                           heldout_mlm_accuracy, search, train_for)
 from study_report import HELDOUT_FILE

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import add_shared_data_flag, import_test_helpers, shared_path
+from common import add_shared_data_flag, shared_path
 
 GOAL_SEQ_PER_S = 20_000
 
@@ -65,7 +65,6 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     from pipeline.pretraining.data import PretrainingDataset, ShardSet
-    import_test_helpers()
     from tests.helpers.shard_sets import build_books_set
 
     books_dir = shared_path(args, "corpora", "books")

@@ -59,7 +59,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from common import REPO_ROOT, import_test_helpers  # noqa: E402
+from common import REPO_ROOT  # noqa: E402
 
 EPS32 = torch.finfo(torch.float32).eps   # 2**-23: the spacing of fp32 numbers in [1, 2)
 FLOOR_ULPS = 16
@@ -76,7 +76,6 @@ FULL = {"preset": "mini", "steps": 300, "batch": 32, "warmup": 30, "books": ("au
 
 def build_shards(out: Path, books: tuple[str, ...], dupe_factor: int) -> Path:
     """Phase-1 shards (seq 128, 20 predictions, static masking, BERT's uncased vocabulary) of bundled books."""
-    import_test_helpers()
     from tests.helpers.shard_sets import build_books_set
 
     build_books_set(out, [BUNDLED_BOOKS / name for name in books], f"dupe_factor={dupe_factor}")

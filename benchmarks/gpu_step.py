@@ -33,6 +33,14 @@ OPTIMIZERS = {"lamb": {"name": "lamb", "lr": 1e-4, "weight_decay": 0.01},
               "fused adamw": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01, "fused": True}}
 
 
+def at_least_one(text: str) -> int:
+    """argparse type: a whole number of at least 1 (a time per step needs a step)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def timed(fn, steps: int, warmup: int, device: torch.device) -> float:
     """Seconds per call of fn, after warmup calls; synchronised before and after the timed calls only."""
     for _ in range(warmup):
@@ -77,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="BERT-tiny on the CPU, 2 x 64: the code path, for CI")
     parser.add_argument("--eager-only", action="store_true", help="leave out the compiled variants")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=at_least_one, default=10, help="timed steps (1 or more)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens there)")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.cpu else "cuda")

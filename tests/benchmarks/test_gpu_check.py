@@ -85,16 +85,15 @@ def test_a_row_that_cannot_run_says_why_and_the_check_goes_on(benchmark_script, 
 
 
 @pytest.mark.slow
-def test_overrides_reach_the_pre_training_rows(benchmark_script, tmp_path):
+def test_overrides_reach_the_pre_training_rows(benchmark_script, benchmarks_importable, tmp_path):
     """--override adds Hydra overrides to every pre-training row (how a GPU run tries model.compile=true, say): here
     trainer.max_steps=2 where the rows train 4 steps; the header's command says what was run."""
     done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path), "--only", "pretrain-128-ddp",
                             "--override", "trainer.max_steps=2", "trainer.log_every_n_steps=1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    metrics = (tmp_path / "pretrain-128-ddp" / "csv" / "metrics.csv").read_text()
-    steps = [line.split(",") for line in metrics.splitlines()]
-    column = steps[0].index("step")
-    assert max(int(row[column]) for row in steps[1:] if row[column]) == 1
+    from common import metrics_rows
+
+    assert max(int(row["step"]) for row in metrics_rows(tmp_path / "pretrain-128-ddp") if row["step"]) == 1
     assert "--override trainer.max_steps=2 trainer.log_every_n_steps=1" in (tmp_path / "gpu_check.md").read_text()
 
 

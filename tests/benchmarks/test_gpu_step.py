@@ -18,3 +18,9 @@ def test_cpu_run_times_every_eager_variant(benchmark_script):
         assert float(ms.replace(",", "")) > 0 and float(sequences_s.replace(",", "")) > 0
         assert mfu == "n/a"                  # no peak FLOP/s for a CPU
         assert (rest == "") == name.startswith("fwd+bwd")
+
+
+def test_zero_timed_steps_is_refused_by_name(benchmark_script):
+    """A time per step needs a step: --steps 0 stops at the argument, not in a division (ZeroDivisionError before)."""
+    done = benchmark_script("gpu_step.py", "--cpu", "--steps", "0", timeout=120)
+    assert done.returncode == 2 and "argument --steps: must be 1 or more, not 0" in done.stderr
