@@ -1,6 +1,6 @@
 """The earlier downstream curve (2026-11-24): `+experiment=cpu_hour`'s downstream scores against its pre-training
 minutes, on the bundled-size corpus. Superseded by the pre-registered study on real text (benchmarks/bench_downstream.py,
-benchmarks/study_protocol.md); kept so that its figures in benchmarks/README.md can be reproduced.
+benchmarks/study_protocol.md); kept so that its figures in benchmarks/earlier_downstream.md can be reproduced.
 
     python benchmarks/bench_cpu_hour_curve.py --shared-data ../shared/data                 # pre-train, then every point
     python benchmarks/bench_cpu_hour_curve.py --shared-data ../shared/data --run <run dir>  # the points of a finished run

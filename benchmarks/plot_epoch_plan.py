@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.core.curves import read_metrics
 
 ZOOM = (1100, 1700)
-TAIL = (1346, 1601)       # the window the old plan's last buffer of the epoch covered (benchmarks/README.md)
+TAIL = (1346, 1601)       # the window the old plan's last buffer of the epoch covered (benchmarks/earlier_downstream.md)
 
 
 def losses(csv_path: Path) -> list[tuple[int, float]]:
