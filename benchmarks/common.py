@@ -42,6 +42,14 @@ def shared_path(args: argparse.Namespace, *parts: str) -> Path:
     return path
 
 
+def at_least_one(text: str) -> int:
+    """argparse type: a whole number of at least 1 (a count of steps, runs or rounds)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def train_process(run_dir: Path, overrides: list[str], threads: int, append_log: bool = False) -> None:
     """`python pipeline/train.py <overrides> hydra.run.dir=<run_dir>` on `threads` threads, W&B off, its output in
     <run_dir>.log beside the run; stops the benchmark, naming the log, when the run fails."""

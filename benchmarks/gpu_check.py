@@ -122,24 +122,16 @@ def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
 # inputs: shards and the fine-tuning weights
 
 def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
-    """Shards at seq 128 and 512 (the bundled sample corpus on the GPU, one of its books on the CPU), and BERT-Base
-    (tiny on the CPU) at random initialisation as a Hugging Face directory for fine-tuning's init=."""
-    for seq, given, preset in ((128, args.shards_128, "phase1"), (512, args.shards_512, "phase2")):
+    """Shards at seq 128 and 512 (given, or made), and BERT-Base (tiny on the CPU) at random initialisation as a
+    Hugging Face directory for fine-tuning's init=."""
+    for seq, given in ((128, args.shards_128), (512, args.shards_512)):
         target = work / f"shards{seq}"
         if given is not None:
             if target.is_symlink() or target.exists():
                 target.unlink()
             target.symlink_to(Path(given).resolve())
-        elif not (target / "manifest.json").exists():
-            from data_prep.run import run   # here: with given shard sets, the check needs no data-prep packages
-
-            started = time.perf_counter()
-            if sizes is GPU:   # the bundled sample, 2 copies (~20k rows at seq 128): no epoch ends inside the run
-                run([f"preset=sample{'' if seq == 128 else '_phase2'}", f"output_dir={target}", "dupe_factor=2"])
-            else:
-                run([f"preset={preset}", f"inputs=[{{path: '{BUNDLED_BOOK}', format: books}}]", f"output_dir={target}",
-                     "dupe_factor=1", "num_shards=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
-            print(f"shards at seq {seq}: data_prep in {time.perf_counter() - started:.0f} s", flush=True)
+        else:
+            make_shards(sizes, target, seq)
     init = work / "init"
     if not (init / "config.json").exists():
         import torch
@@ -149,6 +141,23 @@ def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
 
         torch.manual_seed(0)
         export_hf(BertForPreTraining(BertConfig.from_preset(sizes.base)), init, BUNDLED_VOCAB)
+
+
+def make_shards(sizes: Sizes, target: Path, seq: int) -> None:
+    """A shard set at seq 128 or 512 made by data_prep: the bundled sample corpus on the GPU, one of its books on the
+    CPU. Kept: a set already there is used again."""
+    if (target / "manifest.json").exists():
+        return
+    from data_prep.run import run   # here: with given shard sets, the check needs no data-prep packages
+
+    started = time.perf_counter()
+    if sizes is GPU:   # the bundled sample, 2 copies (~20k rows at seq 128): no epoch ends inside the run
+        run([f"preset=sample{'' if seq == 128 else '_phase2'}", f"output_dir={target}", "dupe_factor=2"])
+    else:
+        run([f"preset={'phase1' if seq == 128 else 'phase2'}", f"inputs=[{{path: '{BUNDLED_BOOK}', format: books}}]",
+             f"output_dir={target}", "dupe_factor=1", "num_shards=1", "--runner=DirectRunner",
+             "--direct_running_mode=in_memory"])
+    print(f"shards at seq {seq}: data_prep in {time.perf_counter() - started:.0f} s", flush=True)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -177,7 +186,8 @@ def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
     memory, memory_kind = peak_memory()
     return {"windows": throughput_windows(csv_metrics_path(out)), "attention": probe.backends,
             "peak_memory": memory, "peak_memory_kind": memory_kind, "seconds": time.perf_counter() - started,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU", **peak_flops_sources()}
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
+            "torch": torch.__version__, **peak_flops_sources()}
 
 
 def throughput_windows(csv_path: Path) -> list[dict]:
@@ -232,7 +242,7 @@ def table(rows: list[tuple[Case, dict]], sizes: Sizes) -> str:
 
 def header(rows: list[tuple[Case, dict]], sizes: Sizes, command: str) -> str:
     done = [result for _, result in rows if "error" not in result]
-    device = done[0]["device"] if done else "?"
+    device = f"{done[0]['device']}, torch {done[0].get('torch', '?')}" if done else "?"
     peak, theirs = (done[0].get("peak_flops"), done[0].get("lightning_peak_flops")) if done else (None, None)
     peak_line = (f"peak {peak / 1e12:,.0f} TFLOP/s dense bf16 (model/flops.py; Lightning's get_available_flops says "
                  f"{theirs / 1e12:,.0f} TFLOP/s)" if peak and theirs else

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from common import REPO_ROOT  # noqa: F401  (puts the repository root on sys.path)
+from common import at_least_one  # also puts the repository root on sys.path
 from bench_train_step import make_batch, our_loss
 from model import BertConfig, BertForPreTraining
 from model.flops import flops_per_token, peak_flops_for_device
@@ -31,14 +31,6 @@ from pipeline.core.optim import build_optimizer
 
 OPTIMIZERS = {"lamb": {"name": "lamb", "lr": 1e-4, "weight_decay": 0.01},
               "fused adamw": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01, "fused": True}}
-
-
-def at_least_one(text: str) -> int:
-    """argparse type: a whole number of at least 1 (a time per step needs a step)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
 
 
 def timed(fn, steps: int, warmup: int, device: torch.device) -> float:

@@ -1,0 +1,151 @@
+"""What speeds up the pipeline's BERT-Large pre-training on one GPU: settings against a baseline on the same machine.
+
+    python benchmarks/gpu_variants.py --shards-128 <set>           # the default variants, 2 rounds, at most 8 minutes
+    python benchmarks/gpu_variants.py --cpu --rounds 1             # the same code paths at tiny sizes (a test in CI)
+    python benchmarks/gpu_variants.py --variant workers_4=data.num_workers=4 --rounds 3
+
+Every run is gpu_check.py's `pretrain-128-ddp` row (BERT-Large, seq 128, DDP on one process, the recipe's LAMB,
+bf16-mixed, micro-batch 64 x 4 accumulated, 40 optimizer steps), in a process of its own, with one variant's Hydra
+overrides added. The same row gave 678 to 924 sequences/s in six runs on three fresh machines of one kind
+(benchmarks/gpu.md), so a variant is never compared with a figure from another machine: each round runs the
+baseline and every variant once on this one, in an order rotated by one place a round (no variant always runs first,
+on the coldest machine), and a variant's ratio is its median over its runs against the baseline's median over the
+baseline's runs in the same script. A run the budget cannot finish (less time left than the same variant's last run
+took, or under 30 s) is not started, and says so; the rounds go on with what fits.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from common import REPO_ROOT, at_least_one
+from gpu_check import CPU, GPU, cases, make_shards, run_child, summarise
+
+ROW = "pretrain-128-ddp"
+BASELINE = "baseline"
+# The micro-batch variant keeps the optimizer step: 128 x 2 accumulated = 64 x 4 = 256 sequences (gpu_check sets
+# data.global_batch_size to micro x accumulation; only the micro-batch changes).
+DEFAULT_VARIANTS = {
+    "compiled": ("model.compile=true",),
+    "loader_8_workers": ("data.num_workers=8",),
+    "micro_batch_128": ("data.micro_batch_size=128",),
+}
+
+
+def variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """NAME=KEY=VALUE[,KEY=VALUE...] -> (NAME, overrides)."""
+    name, sep, overrides = text.partition("=")
+    if not sep or not name or "=" not in overrides:
+        raise argparse.ArgumentTypeError(f"expected NAME=KEY=VALUE[,KEY=VALUE...], not {text!r}")
+    if name == BASELINE:
+        raise argparse.ArgumentTypeError(f"{BASELINE!r} is the row without overrides; give the variant another name")
+    return name, tuple(overrides.split(","))
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def link_shards(run_dir: Path, shards: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    link = run_dir / "shards128"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(shards)
+
+
+def own_shards(work: Path, cpu: bool) -> Path:
+    """gpu_check's own seq-128 set (the bundled sample on a GPU machine, one of its books on the CPU), made once."""
+    target = work / "shards128"
+    make_shards(CPU if cpu else GPU, target, 128)
+    return target
+
+
+def run_variant(name: str, overrides: tuple[str, ...], round_index: int, work: Path, shards: Path,
+                args: argparse.Namespace, started: float, last_took: float | None) -> dict:
+    sizes = CPU if args.cpu else GPU
+    print(f"[round {round_index + 1}] {name}: {' '.join(overrides) or '(no overrides)'}", flush=True)
+    if args.budget is not None and last_took is not None:
+        left = args.budget - (time.perf_counter() - started)
+        if left < last_took:   # it would be stopped before its end: the time goes to a run that can finish
+            print(f"  not run: {left:.0f} s left, its last run took {last_took:.0f} s", flush=True)
+            return {"error": f"not started: {max(left, 0):.0f} s of the budget left, its last run took "
+                             f"{last_took:.0f} s"}
+    run_dir = work / name / f"round{round_index + 1}"
+    link_shards(run_dir, shards)
+    case = next(c for c in cases(sizes, run_dir, overrides) if c.name == ROW)
+    child_args = argparse.Namespace(cpu=args.cpu, override=list(overrides), budget=args.budget)
+    return run_child(case, child_args, run_dir, sizes, started)
+
+
+def table(variants: dict[str, tuple[str, ...]], results: dict[str, list[dict]]) -> str:
+    def medians(name: str) -> tuple[list[float], list[float], list[float]]:
+        done = [summarise(r) for r in results[name] if "error" not in r]
+        return ([s["perf/sequences_per_s"] for s in done], [s["perf/mfu"] for s in done if "perf/mfu" in s],
+                [r["peak_memory"] / 2**30 for r in results[name] if "error" not in r])
+
+    base_seqs = medians(BASELINE)[0]
+    lines = ["| variant | overrides | runs | sequences/s, each run | median | against the baseline | MFU (median) | "
+             "peak memory |", "|---|---|---|---|---|---|---|---|"]
+    for name, overrides in variants.items():
+        seqs, mfus, memory = medians(name)
+        not_run = [r["error"] for r in results[name] if "error" in r]
+        runs = f"{len(seqs)}" + (f" ({len(not_run)} not run: {not_run[0]})" if not_run else "")
+        each = ", ".join(f"{s:,.1f}" for s in seqs) or "-"
+        median = statistics.median(seqs) if seqs else None
+        ratio = ("1 (the baseline)" if name == BASELINE else
+                 f"{median / statistics.median(base_seqs):.2f}x" if median and base_seqs else "-")
+        lines.append(f"| {name} | {' '.join(overrides) or '-'} | {runs} | {each} | "
+                     f"{f'{median:,.1f}' if median else '-'} | {ratio} | "
+                     f"{f'{statistics.median(mfus):.1%}' if mfus else 'n/a'} | "
+                     f"{f'{max(memory):.2f} GiB' if memory else '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU: the same code paths, for CI")
+    parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "outputs" / "gpu_variants")
+    parser.add_argument("--shards-128", type=Path, help="a phase-1 shard set (default: gpu_check's, made here)")
+    parser.add_argument("--variant", type=variant, action="append", metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                        help="a variant to compare with the baseline (repeatable; default: "
+                             + "; ".join(f"{k}={','.join(v)}" for k, v in DEFAULT_VARIANTS.items()) + ")")
+    parser.add_argument("--rounds", type=at_least_one, default=2, help="runs of each variant, and of the baseline")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole comparison (default: 480 on a GPU, none on the CPU)")
+    args = parser.parse_args(argv)
+    if args.budget is None and not args.cpu:
+        args.budget = 480.0
+    import torch
+    if not args.cpu and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run on a GPU machine, or pass --cpu for the CPU rehearsal")
+    variants = {BASELINE: (), **(dict(args.variant) if args.variant else DEFAULT_VARIANTS)}
+    started = time.perf_counter()
+    work = args.workdir.resolve()
+    shards = args.shards_128.resolve() if args.shards_128 else own_shards(work, args.cpu)
+    command = "python benchmarks/gpu_variants.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"command: {command}", flush=True)
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    took: dict[str, float] = {}   # each variant's last wall time, start-up included
+    for round_index in range(args.rounds):
+        for name in round_order(list(variants), round_index):
+            began = time.perf_counter()
+            result = run_variant(name, variants[name], round_index, work, shards, args, started, took.get(name))
+            if "error" not in result:
+                took[name] = time.perf_counter() - began
+            results[name].append(result)
+    device = next((f"{r['device']}, torch {r['torch']}" for rs in results.values() for r in rs if "device" in r), "?")
+    text = (f"{time.strftime('%Y-%m-%d %H:%M')}, {device}; `{command}`; the `{ROW}` row of gpu_check.py, "
+            f"{args.rounds} rounds, each variant's order rotated a round\n\n{table(variants, results)}")
+    print("\n" + text)
+    (work / "gpu_variants.md").write_text(text + "\n")
+    print(f"\nwritten to {work / 'gpu_variants.md'}; {time.perf_counter() - started:.0f} s in all")
+    return 1 if any("error" in r for rs in results.values() for r in rs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

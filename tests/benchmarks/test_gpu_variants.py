@@ -1,0 +1,73 @@
+"""benchmarks/gpu_variants.py: each variant of gpu_check's seq-128 row runs beside the baseline in rotated rounds, on
+the same machine, and the table compares them there (its `--cpu` rehearsal, so the script cannot rot between GPU
+sessions)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in text.splitlines() if re.match(r"\| (baseline|workers|compiled)", line)}
+
+
+@pytest.mark.slow
+def test_variants_run_beside_the_baseline_in_rotated_rounds(benchmark_script, benchmarks_importable, tmp_path):
+    done = benchmark_script("gpu_variants.py", "--cpu", "--rounds", "2", "--workdir", str(tmp_path),
+                            "--variant", "workers_2=data.num_workers=2,trainer.log_every_n_steps=1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    starts = re.findall(r"^\[round (\d)\] (\S+):", done.stdout, flags=re.MULTILINE)
+    assert starts == [("1", "baseline"), ("1", "workers_2"), ("2", "workers_2"), ("2", "baseline")]
+    # the variant's overrides reach its runs, and only its runs: it logs every step, the baseline every second one
+    from common import metrics_rows
+
+    def windows(name: str, round_number: int) -> int:
+        return sum(1 for row in metrics_rows(tmp_path / name / f"round{round_number}" / "pretrain-128-ddp")
+                   if row.get("perf/sequences_per_s"))
+    assert [windows("workers_2", r) for r in (1, 2)] == [4, 4]
+    assert [windows("baseline", r) for r in (1, 2)] == [2, 2]
+    rows = table_rows((tmp_path / "gpu_variants.md").read_text())
+    assert set(rows) == {"baseline", "workers_2"}
+    overrides, runs, each, median, ratio, mfu, memory = rows["workers_2"]
+    assert overrides == "data.num_workers=2 trainer.log_every_n_steps=1" and runs == "2"
+    seqs = [float(s.replace(",", "")) for s in each.split(", ")]
+    assert len(seqs) == 2 and float(median.replace(",", "")) == pytest.approx(sum(seqs) / 2, abs=0.1)
+    base_median = float(rows["baseline"][3].replace(",", ""))
+    assert ratio == f"{float(median.replace(',', '')) / base_median:.2f}x"
+    assert rows["baseline"][4] == "1 (the baseline)" and mfu == "n/a" and memory.endswith("GiB")
+
+
+def test_a_spent_budget_starts_no_run_and_still_writes_the_table(benchmark_script, tmp_path):
+    done = benchmark_script("gpu_variants.py", "--cpu", "--budget", "0", "--workdir", str(tmp_path),
+                            "--shards-128", str(tmp_path / "given"), "--variant", "compiled=model.compile=true")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = table_rows((tmp_path / "gpu_variants.md").read_text())
+    assert set(rows) == {"baseline", "compiled"}
+    for name, cells in rows.items():
+        assert cells[1].startswith("0 (2 not run: not started: 0 s of the check's 0 s budget left")
+        assert cells[3:5] == ["-", "-" if name == "compiled" else "1 (the baseline)"]
+
+
+@pytest.mark.parametrize("given, why", [("compiled", "expected NAME=KEY=VALUE"),
+                                         ("compiled=true", "expected NAME=KEY=VALUE"),
+                                         ("baseline=model.compile=true", "is the row without overrides")])
+def test_a_malformed_variant_is_refused_by_name(benchmark_script, given, why):
+    done = benchmark_script("gpu_variants.py", "--cpu", "--variant", given)
+    assert done.returncode == 2 and why in done.stderr, done.stderr[-2000:]
+
+
+def test_a_run_the_budget_cannot_finish_is_not_started(benchmarks_importable, tmp_path):
+    """Less time left than the variant's last run took: the run would be stopped before its end, so it does not
+    start (and the time goes to a run that can finish)."""
+    import argparse
+    import time
+
+    from gpu_variants import run_variant
+
+    args = argparse.Namespace(cpu=True, budget=100.0)
+    result = run_variant("compiled", ("model.compile=true",), 1, tmp_path, tmp_path / "shards", args,
+                         started=time.perf_counter() - 60, last_took=45.0)
+    assert result == {"error": "not started: 40 s of the budget left, its last run took 45 s"}
+    assert not (tmp_path / "compiled").exists()
