@@ -6,7 +6,9 @@
 Reads <out>/finetune/ (study_results.py) and each pre-training run's csv/metrics.csv; writes into <out>/report/:
 - report.md: the table (every arm x task and budget: mean ± sd over seeds; the bag-of-words row), the rates chosen,
   the paired differences of each pre-trained arm against the random arm of its vocabulary with their 95% t-intervals,
-  the three primary endpoints met or not, the secondary comparisons, and what is missing;
+  the three primary endpoints met or not, the secondary comparisons, the recipe search (each try's held-out MLM
+  accuracy and selection probe per corpus, from <out>/search/<corpus>/<try>/DONE, and each corpus's choice.json),
+  and what is missing;
 - results.json: the same numbers, every seed's value included;
 - score_vs_labels.png (SST-2 at 500 / 1,000 / 5,000 labels and IMDB at 1,000, per arm, with the intervals),
   gains_vs_labels.png (the same as paired gains over the random arm, with theirs) and mlm_curves.png (held-out MLM
@@ -25,6 +27,7 @@ from typing import Mapping, Sequence
 
 from study_data import SEEDS
 from study_figures import gains_against_labels, mlm_curves, score_against_labels
+from study_recipe import TRIES, TRY_MINUTES
 from study_results import ARMS, BAG_OF_WORDS, CELLS, RANDOM_ARM, collect
 from study_stats import paired, summary, t_interval, t_quantile, verdict
 
@@ -134,6 +137,20 @@ def read_curves(pretrain_runs: Mapping[str, Path] | None) -> dict[str, list[tupl
     return curves
 
 
+def search_results(out: Path) -> dict[str, dict]:
+    """The recipe search as its runs left it: {corpus: {"tries": {try: its DONE record}, "choice": choice.json or
+    None}}, the tries in the protocol's order (study_recipe.TRIES), then any other in name order."""
+    found = {}
+    for corpus_dir in sorted(path for path in (Path(out) / "search").glob("*") if path.is_dir()):
+        done = {path.parent.name: json.loads(path.read_text(encoding="utf-8"))
+                for path in corpus_dir.glob("*/DONE")}
+        order = [name for name in TRIES if name in done] + sorted(set(done) - set(TRIES))
+        choice = corpus_dir / "choice.json"
+        found[corpus_dir.name] = {"tries": {name: done[name] for name in order},
+                                  "choice": json.loads(choice.read_text(encoding="utf-8")) if choice.is_file() else None}
+    return found
+
+
 def missing_list(rows: dict, found: dict, curves: dict, wanted: int) -> list[str]:
     missing = []
     for arm, cells in rows.items():
@@ -185,7 +202,8 @@ def build_report(out: Path, pretrain_runs: Mapping[str, Path] | None = None, see
     results = {"quick": quick, "seeds": list(seeds), "t_quantile": t_quantile(len(seeds)) if len(seeds) > 1 else None,
                "table": rows, "paired": gains, "endpoints": judged, "zeroshot": found["zeroshot"],
                "rates": found["rates"], "objective_comparison": comparison,
-               "mlm_curves": curves, "missing": missing_list(rows, found, curves, len(seeds)),
+               "mlm_curves": curves, "search": search_results(out),
+               "missing": missing_list(rows, found, curves, len(seeds)),
                "figures": {name: path.name for name, path in figures.items()}}
     report_dir.mkdir(parents=True, exist_ok=True)
     (report_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
@@ -222,6 +240,7 @@ def markdown(results: dict) -> str:
     lines += ["", "## Secondary", "", "The same three at 60 minutes:", ""]
     lines += [_endpoint_line(e) for e in results["endpoints"]["secondary"]]
     lines += ["", *_zeroshot_lines(results["zeroshot"]), *_objective_lines(results["objective_comparison"])]
+    lines += _search_lines(results["search"], results["quick"])
     lines += ["## Figures", "", f"![score against labels]({results['figures']['score_vs_labels']})", "",
               f"![paired gains]({results['figures']['gains_vs_labels']})", "",
               f"![held-out MLM accuracy]({results['figures']['mlm_curves']})", ""]
@@ -280,3 +299,34 @@ def _objective_lines(comparison: dict) -> list[str]:
         lines.append(f"- held-out MLM accuracy on the MLM-only held-out set: {MISSING} ({HELDOUT_FILE})")
     lines += [f"- SST-2 at 1,000 labels, {first} - {other}, paired: {_pair_text(comparison['sst2_1000'])}", ""]
     return lines
+
+
+def _search_lines(search: dict, quick: bool) -> list[str]:
+    """The recipe search: held-out MLM accuracy and the selection probe per try and corpus, and each choice."""
+    if not search:
+        return ["## The recipe search", "", f"{MISSING}: no <out>/search/ runs", ""]
+    corpora = list(search)
+    names = list(dict.fromkeys(name for corpus in corpora for name in search[corpus]["tries"]))
+    lines = ["## The recipe search (held-out MLM accuracy per try; the choice by the protocol's rule)", "",
+             ("Each try: the quick run's tiny budget." if quick else f"Each try: {TRY_MINUTES} minutes of this machine "
+              "turned into steps by its shape's measured speed.") + " Held-out "
+             "MLM accuracy on the try's own corpus's held-out set; selection probe: logistic regression on frozen "
+             "mean-pooled features, SST-2 training rows 1-1,000 against rows 1,001-2,000 (never dev).", "",
+             "| try | " + " | ".join(f"{c}: steps | {c}: held-out MLM acc | {c}: selection probe" for c in corpora)
+             + " |", "|---|" + "---|---|---|" * len(corpora)]
+    for name in names:
+        cells = []
+        for corpus in corpora:
+            record = search[corpus]["tries"].get(name)
+            cells += ([f"{record['steps']:,}", _fmt(record["heldout_mlm_acc"]), _fmt(record["selection_probe"])]
+                      if record else [MISSING] * 3)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for corpus in corpora:
+        choice = search[corpus]["choice"]
+        if choice is None:
+            lines.append(f"- {corpus}: no choice yet ({MISSING}: search/{corpus}/choice.json)")
+            continue
+        recipe = ", ".join(f"{k} {v}" for k, v in choice["recipe"].items())
+        lines.append(f"- {corpus}: {recipe}; " + "; ".join(choice["reasons"]))
+    return [*lines, ""]

@@ -98,3 +98,31 @@ def test_a_quick_result_is_not_counted_as_the_study(modules, study):
     path = results.result_path(out, "domain_120", "sst2", "1000", 1)
     with pytest.raises(ValueError, match="full-scale result and this run is quick"):
         results.read_done(path, quick=True)
+
+
+def test_the_recipe_search_is_reported_per_try_and_corpus(modules, tmp_path):
+    """Every try's steps, held-out MLM accuracy and selection probe, per corpus, from the tries' DONE files (a try a
+    corpus has not run is missing, not filled in), in the protocol's order; each corpus's choice with its reasons."""
+    report, _ = modules
+    out = tmp_path / "study"
+
+    def done(corpus, name, steps, acc, probe):
+        path = out / "search" / corpus / name / "DONE"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"corpus": corpus, "steps": steps, "heldout_mlm_acc": acc,
+                                    "selection_probe": probe, "recipe": {}}))
+
+    done("domain", "tiny_v16k_s128_mlm_lr2e-3", 1720, 0.1329, 0.574)
+    done("domain", "tiny_v8k_s128_mlm_lr1e-3", 2310, 0.13044, 0.553)
+    done("general", "tiny_v8k_s128_mlm_lr1e-3", 2310, 0.1356, 0.593)
+    (out / "search" / "domain" / "choice.json").write_text(json.dumps(
+        {"corpus": "domain", "recipe": {"model": "tiny", "vocab": 16000}, "reasons": ["vocabulary 16000, because"]}))
+    text = report.build_report(out).read_text()
+    section = text[text.index("## The recipe search"):text.index("## Figures")]
+    rows = [line for line in section.splitlines() if line.startswith("| tiny_")]
+    assert rows == ["| tiny_v8k_s128_mlm_lr1e-3 | 2,310 | 0.1304 | 0.5530 | 2,310 | 0.1356 | 0.5930 |",
+                    "| tiny_v16k_s128_mlm_lr2e-3 | 1,720 | 0.1329 | 0.5740 | missing | missing | missing |"]
+    assert "- domain: model tiny, vocab 16000; vocabulary 16000, because" in section
+    assert "- general: no choice yet (missing: search/general/choice.json)" in section
+    results = json.loads((out / "report" / "results.json").read_text())
+    assert results["search"]["general"]["tries"]["tiny_v8k_s128_mlm_lr1e-3"]["steps"] == 2310
