@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for the whole comparison (default: 480 on a GPU, none on the CPU)")
     args = parser.parse_args(argv)
+    names = [name for name, _ in args.variant or ()]
+    if len(set(names)) < len(names):
+        parser.error(f"--variant: each name once (given: {', '.join(names)})")
     if args.budget is None and not args.cpu:
         args.budget = 480.0
     import torch

@@ -58,6 +58,13 @@ def test_a_malformed_variant_is_refused_by_name(benchmark_script, given, why):
     assert done.returncode == 2 and why in done.stderr, done.stderr[-2000:]
 
 
+def test_a_variant_name_given_twice_is_refused(benchmark_script):
+    """Two variants of one name would share a run folder and a table row, the first's results lost."""
+    done = benchmark_script("gpu_variants.py", "--cpu", "--variant", "fast=data.num_workers=4", "--variant",
+                            "fast=data.num_workers=8")
+    assert done.returncode == 2 and "--variant: each name once (given: fast, fast)" in done.stderr, done.stderr
+
+
 def test_a_run_the_budget_cannot_finish_is_not_started(benchmarks_importable, tmp_path):
     """Less time left than the variant's last run took: the run would be stopped before its end, so it does not
     start (and the time goes to a run that can finish)."""
