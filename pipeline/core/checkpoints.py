@@ -10,6 +10,7 @@ ResumingModelCheckpoint: Lightning's ModelCheckpoint, which forgets on resume wh
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path) and not str(path).startswith("file://"):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        with atomic_file(Path(str(path).removeprefix("file://"))) as out:
-            torch.save(checkpoint, out)
+        target = Path(str(path).removeprefix("file://"))
+        try:
+            with atomic_file(target) as out:
+                torch.save(checkpoint, out)
+        except (OSError, RuntimeError) as error:
+            # A full disk or quota ends torch's write as "[enforce fail at inline_container.cc] unexpected pos A vs B",
+            # which names neither the file nor the cause.
+            free = shutil.disk_usage(target.parent).free / 2**30
+            raise OSError(f"checkpoint {target} not written ({error}); {free:.2f} GiB free on its filesystem (a full "
+                          "disk, a quota or a file-size limit ends the write like this); the one before it is "
+                          "untouched") from error
 
 
 class ResumingModelCheckpoint(ModelCheckpoint):

@@ -3,6 +3,7 @@ pre-training's pre-flight checks (batch split, schedule, strategy x optimizer x 
 without a GPU; and the real BERT-Large trains for a few steps on the CPU, phase 2 from phase 1's checkpoint."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,9 @@ def test_bert_large_dry_run_on_the_cpu_phase_1_then_phase_2(small_shards, phase2
     """The real BERT-Large (340M parameters, LAMB, DDP strategy) for the dry run's 4 steps on the CPU, then phase 2
     at seq 512 from its last checkpoint: the recipes' code paths end to end, at full model size."""
     phase1, phase2 = tmp_path / "phase1", tmp_path / "phase2"
+    free = shutil.disk_usage(tmp_path).free / 2**30
+    assert free > 7, (f"needs 7 GiB free under {tmp_path} (phase 1's checkpoint with LAMB's states ~3.8, phase 2's "
+                      f"export ~1.3, room beside them); has {free:.1f}")
     # Phase 1 writes its last checkpoint only (4 GB with LAMB's states; the dry run's periodic ones add nothing here)
     # and no export: phase 2, which starts from that checkpoint, exports.
     done = dry_run("bert_large", f"data.path={small_shards}", f"hydra.run.dir={phase1}",
