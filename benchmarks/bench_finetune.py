@@ -14,7 +14,8 @@ gradient clipping 1.0, batch 32, dropout 0.1), one epoch, then are evaluated on 
   sequence padded to max_seq_length 128, shuffled batches), in a plain PyTorch loop (no Trainer overhead counted
   against it).
 The sides' optimizer steps are interleaved (one step of each in turn, each timed on its own), so that on a shared
-machine every side meets the same load. Tokenization is timed apart from training on both sides. Install the baseline with `pip install -e ".[test]"`.
+machine every side meets the same load. Tokenization is timed apart from training on both sides. Install the
+baseline with `pip install -e ".[test]"`.
 
 --squad measures inference on the real SQuAD v1.1 dev set with BERT-mini (random weights: speed, not scores): our
 features (384 tokens, stride 128, questions cut to 64), then the forward pass of ours (shortest first, padded to each

@@ -109,8 +109,9 @@ def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
     runs.append(Case(
         name="finetune-sst2", program="finetune", model=sizes.base, seq="longest in batch", strategy="auto",
         optimizer="adamw (not fused)", batch=f"{batch} x 1",
-        overrides=("task=sst2", "optimizer.fused=false", f"init={work / 'init'}", f"trainer.accelerator={'gpu' if sizes.trainer == 'gpu' else 'cpu'}",
-                   "trainer.devices=1", f"trainer.precision={PRECISION}", "trainer.max_epochs=1",
+        overrides=("task=sst2", "optimizer.fused=false", f"init={work / 'init'}",
+                   f"trainer.accelerator={'gpu' if sizes.trainer == 'gpu' else 'cpu'}", "trainer.devices=1",
+                   f"trainer.precision={PRECISION}", "trainer.max_epochs=1",
                    f"trainer.log_every_n_steps={sizes.log_every}", "trainer.enable_progress_bar=false",
                    f"data.batch_size={batch}", f"data.limit_train_examples={batch * sizes.steps}",
                    f"data.limit_eval_examples={4 * batch}", f"data.cache_dir={work / 'datasets_cache'}",

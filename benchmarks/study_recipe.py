@@ -170,10 +170,15 @@ def search(out: Path, shared_data: Path, tries: dict[str, dict], minutes: float,
                   f"selection probe {result['selection_probe']:.4f}", flush=True)
 
 
+def finished_tries(out: Path, corpus: str) -> dict[str, dict]:
+    """{try: its DONE record} for every finished try of the search on `corpus`, in name order."""
+    return {path.parent.name: json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted((Path(out) / "search" / corpus).glob("*/DONE"))}
+
+
 def choose(out: Path, corpus: str, tries: dict[str, dict]) -> dict:
     """The protocol's selection rule, applied to the finished tries of `corpus`."""
-    done = {name: json.loads((out / "search" / corpus / name / "DONE").read_text()) for name in tries
-            if (out / "search" / corpus / name / "DONE").exists()}
+    done = {name: record for name, record in finished_tries(out, corpus).items() if name in tries}
 
     def figure(name: str, measure: str) -> str:
         return f"{name} {done[name][measure]:.4f}" if name in done else f"{name} (not run)"

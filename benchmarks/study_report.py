@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 from study_data import SEEDS
 from study_figures import gains_against_labels, mlm_curves, score_against_labels
-from study_recipe import TRIES, TRY_MINUTES
+from study_recipe import TRIES, TRY_MINUTES, finished_tries
 from study_results import ARMS, BAG_OF_WORDS, CELLS, RANDOM_ARM, collect
 from study_stats import paired, summary, t_interval, t_quantile, verdict
 
@@ -142,8 +142,7 @@ def search_results(out: Path) -> dict[str, dict]:
     None}}, the tries in the protocol's order (study_recipe.TRIES), then any other in name order."""
     found = {}
     for corpus_dir in sorted(path for path in (Path(out) / "search").glob("*") if path.is_dir()):
-        done = {path.parent.name: json.loads(path.read_text(encoding="utf-8"))
-                for path in corpus_dir.glob("*/DONE")}
+        done = finished_tries(out, corpus_dir.name)
         order = [name for name in TRIES if name in done] + sorted(set(done) - set(TRIES))
         choice = corpus_dir / "choice.json"
         found[corpus_dir.name] = {"tries": {name: done[name] for name in order},

@@ -76,7 +76,8 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     if not any(a.startswith("--default_sdk_harness_log_level") for a in beam_args):
         # Worker processes: our progress lines, not the harness's own chatter.
         beam_args = ["--default_sdk_harness_log_level=WARNING",
-                     '--sdk_harness_log_level_overrides={"data_prep": "INFO", "apache_beam.options.pipeline_options": "ERROR"}', *beam_args]
+                     '--sdk_harness_log_level_overrides='
+                     '{"data_prep": "INFO", "apache_beam.options.pipeline_options": "ERROR"}', *beam_args]
     return PipelineOptions(beam_args)
 
 

@@ -32,7 +32,8 @@ def export_hf(model: BertForPreTraining, out_dir: str | Path, tokenizer_dir_or_v
     """Write a directory transformers loads offline: config.json, model.safetensors, and the tokenizer if given.
 
     ``transformers.BertForPreTraining.from_pretrained(out_dir)`` (BertForMaskedLM for a model without the next-sentence
-    head; or BertModel, or AutoModel* for fine-tuning) then gives our model's outputs, and ``AutoTokenizer.from_pretrained(out_dir)`` its tokenizer.
+    head; or BertModel, or AutoModel* for fine-tuning) then gives our model's outputs, and
+    ``AutoTokenizer.from_pretrained(out_dir)`` its tokenizer.
     tokenizer_dir_or_vocab_file: a vocab.txt, or a directory holding one (and optionally tokenizer.json), such
     as a data_prep output directory. lowercase: whether the tokenizer lowercases; by default read from
     tokenizer.json when there is one, else True (uncased BERT).

@@ -115,8 +115,8 @@ def resolve_accelerator(accelerator: str = "auto") -> str:
 
 def precision_sections(precision: str | int, loss_scaling: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The precision sections for a Trainer precision (see the module docstring): bf16-mixed -> torch_autocast in
-    bf16 with fp32 gradients; bf16-true -> DeepSpeed's bf16 mode; 16-mixed -> fp16 with dynamic loss scaling (loss_scale 0); 32 -> neither. `bf16` and `fp16` are always present,
-    so Lightning adds nothing of its own."""
+    bf16 with fp32 gradients; bf16-true -> DeepSpeed's bf16 mode; 16-mixed -> fp16 with dynamic loss scaling
+    (loss_scale 0); 32 -> neither. `bf16` and `fp16` are always present, so Lightning adds nothing of its own."""
     key = str(precision)
     if key not in _PRECISIONS:
         raise ValueError(f"precision {precision!r} is not supported with DeepSpeed; use one of {sorted(_PRECISIONS)}")

@@ -8,8 +8,8 @@ Formats (from the file name, or given):
     jsonl     a field of one JSON object per line
 
 Nothing stops the run on a bad line; each gets a counted outcome (InputReport):
-    empty        an empty or whitespace-only text (or first sentence of a pair): skipped (no output row; the reference stops reading at the
-                 first empty line, which silently drops the rest of the file)
+    empty        an empty or whitespace-only text (or first sentence of a pair): skipped (no output row; the
+                 reference stops reading at the first empty line, which silently drops the rest of the file)
     repaired     a line that is not valid UTF-8: decoded as cp1252 (Latin-1 for its five undefined bytes), as
                  data_prep does, and extracted
     bad_record   a JSON line that does not parse, or a row without the column: skipped

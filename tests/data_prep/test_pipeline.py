@@ -70,7 +70,8 @@ def test_tfrecord_shards_hold_the_parquet_instances_in_the_reference_layout(corp
     for row, example in zip(rows, examples):
         n = len(row["input_ids"])
         assert example["input_ids"].tolist() == row["input_ids"] + [0] * (128 - n)
-        assert example["segment_ids"].tolist() == [0] * (row["num_tokens_a"] + 2) + [1] * (n - row["num_tokens_a"] - 2) + [0] * (128 - n)
+        a = row["num_tokens_a"] + 2
+        assert example["segment_ids"].tolist() == [0] * a + [1] * (n - a) + [0] * (128 - n)
         k = len(row["masked_lm_positions"])
         assert example["masked_lm_positions"].tolist() == row["masked_lm_positions"] + [0] * (20 - k)
         assert example["masked_lm_ids"].tolist() == row["masked_lm_ids"] + [0] * (20 - k)

@@ -1,5 +1,6 @@
 """The ten tasks: GLUE's nine (file formats as the GLUE download ships them) and SWAG; and the tasks with their
-own features and evaluation (SPAN_TOKEN_TASKS: SQuAD v1.1, pipeline.finetuning.tasks.squad; CoNLL-2003, pipeline.finetuning.tasks.conll).
+own features and evaluation (SPAN_TOKEN_TASKS: SQuAD v1.1, pipeline.finetuning.tasks.squad; CoNLL-2003,
+pipeline.finetuning.tasks.conll).
 
 Label ids follow the hub's ClassLabel order (``nyu-mll/glue``), so hub-layout data and GLUE's TSVs agree.
 ``file_labels`` are the labels as the TSVs (and the leaderboard) write them: text for MNLI, QNLI and RTE, 0/1 for
