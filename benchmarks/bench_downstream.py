@@ -10,12 +10,15 @@
 
 Every stage keeps what it made under --out (outputs/study; outputs/study_quick with --quick) and skips what is done,
 so a stage can run in several sittings; `pretrain --arms domain_120` runs some arms only. One stage runs at a time per
---out: a second invocation stops, naming the first (<out>/.running).
+--out: a second invocation stops, naming the first (<out>/.running). The study's own outputs/study is also kept in
+benchmarks/study_record/ (study_record.py): each stage restores from it what outputs/study lacks, and copies into it
+each arm and stage it finishes, so that a sitting on a new machine goes on where the last one stopped.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from common import REPO_ROOT, add_shared_data_flag, shared_path   # silences the
 from study_corpora import build_corpora, shard_sets
 from study_recipe import (CORPORA, SMALL_SHAPE, TRIES, TRY_MINUTES, budget_steps, calibrate, choose,
                           heldout_mlm_accuracy, search, train_for)
+from study_record import RECORD, keep, restore
 from study_report import HELDOUT_FILE
 
 STAGES = ("corpora", "calibrate", "search", "pretrain", "finetune", "report")
@@ -68,7 +72,13 @@ def stage_search(out: Path, shared_data: Path, quick: bool) -> None:
         print(f"{corpus}: {choice['recipe']}\n  " + "\n  ".join(choice["reasons"]), flush=True)
 
 
-def stage_pretrain(out: Path, quick: bool, only: list[str] | None) -> None:
+def keep_in_record(out: Path, record: Path | None) -> None:
+    if record is not None:
+        kept = keep(out, record)
+        print(f"record: {len(kept)} file(s) kept in {record}", flush=True)
+
+
+def stage_pretrain(out: Path, quick: bool, only: list[str] | None, record: Path | None = None) -> None:
     for arm, corpus, minutes, other in PRETRAINING_ARMS:
         if only and arm not in only:
             continue
@@ -77,6 +87,7 @@ def stage_pretrain(out: Path, quick: bool, only: list[str] | None) -> None:
         steps = budget_steps(out, recipe, QUICK_MINUTES * minutes / 60 if quick else minutes)
         result = train_for(out, corpus, recipe, out / "pretrain" / arm, steps, checkpoints=True)
         print(f"{arm}: {steps} steps of {recipe}, held-out MLM accuracy {result['heldout_mlm_acc']:.4f}", flush=True)
+        keep_in_record(out, record)
     compare_objectives(out)
 
 
@@ -103,13 +114,15 @@ def downstream_arms(out: Path) -> list[dict]:
     return [arm for arm in arms if Path(arm.get("init") or arm["random_like"]).is_dir()]
 
 
-def stage_finetune(out: Path, shared_data: Path, quick: bool, only: list[str] | None) -> None:
+def stage_finetune(out: Path, shared_data: Path, quick: bool, only: list[str] | None,
+                   record: Path | None = None) -> None:
     from study_baseline import run_baseline
     from study_tasks import run_arm
 
     for arm in downstream_arms(out):
         if not only or arm["name"] in only:
             run_arm(arm, shared_data, out, quick=quick)
+            keep_in_record(out, record)
     if not only or "baseline" in only:
         run_baseline(shared_data, out, quick=quick)
 
@@ -144,38 +157,54 @@ def hold_the_study(out: Path):
     return handle   # held open, and so locked, until this process ends
 
 
+def run_stage(stage: str, out: Path, shared_data: Path, args: argparse.Namespace, record: Path | None) -> None:
+    if stage == "corpora":
+        stage_corpora(out, shared_data, args.quick)
+    elif stage == "calibrate":
+        stage_calibrate(out, args.quick)
+    elif stage == "search":
+        stage_search(out, shared_data, args.quick)
+    elif stage == "pretrain":
+        stage_pretrain(out, args.quick, args.arms, record)
+    elif stage == "finetune":
+        stage_finetune(out, shared_data, args.quick, args.arms, record)
+    else:
+        stage_report(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", nargs="?", choices=STAGES, help="one stage (with --quick: default all of them)")
     parser.add_argument("--quick", action="store_true", help="every stage at a tiny scale, in minutes")
     parser.add_argument("--arms", nargs="+", help="pretrain / finetune: only these arms (finetune: 'baseline' too)")
     parser.add_argument("--out", type=Path, default=None, help="default outputs/study (outputs/study_quick)")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="where finished results are kept and restored from (default: benchmarks/study_record for "
+                             "the study's own outputs/study; none for another --out or --quick)")
+    parser.add_argument("--no-record", action="store_true", help="outputs/study without benchmarks/study_record")
     add_shared_data_flag(parser)
     args = parser.parse_args()
     shared_data = shared_path(args, "corpora").parent
     out = (args.out or REPO_ROOT / "outputs" / ("study_quick" if args.quick else "study")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     lock = hold_the_study(out)  # noqa: F841  (kept for the process's lifetime)
+    record = args.record or (None if args.quick or args.out is not None or args.no_record else RECORD)
+    if record is not None:
+        print(f"record: {len(restore(out, record))} file(s) restored from {record}", flush=True)
     if args.quick:
         (out / "QUICK").write_text("the quick chain's outputs: tiny corpora and budgets, not the study's\n")
         import torch
         torch.set_num_threads(1)   # everything runs in this process; one thread is faster on a shared small machine
     if args.stage is None and not args.quick:
         parser.error("name a stage, or --quick for the whole chain")
-    for stage in [args.stage] if args.stage else STAGES:
-        print(f"== {stage}", flush=True)
-        if stage == "corpora":
-            stage_corpora(out, shared_data, args.quick)
-        elif stage == "calibrate":
-            stage_calibrate(out, args.quick)
-        elif stage == "search":
-            stage_search(out, shared_data, args.quick)
-        elif stage == "pretrain":
-            stage_pretrain(out, args.quick, args.arms)
-        elif stage == "finetune":
-            stage_finetune(out, shared_data, args.quick, args.arms)
-        else:
-            stage_report(out)
+    # A sitting stopped with SIGTERM (kill, the end of a machine's loan) still copies what it finished to the record.
+    signal.signal(signal.SIGTERM, lambda number, _: sys.exit(f"stopped by signal {number}"))
+    try:
+        for stage in [args.stage] if args.stage else STAGES:
+            print(f"== {stage}", flush=True)
+            run_stage(stage, out, shared_data, args, record)
+    finally:
+        keep_in_record(out, record)
     return 0
 
 

@@ -35,7 +35,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except (OSError, RuntimeError) as error:
             # A full disk or quota ends torch's write as "[enforce fail at inline_container.cc] unexpected pos A vs B",
             # which names neither the file nor the cause.
-            free = shutil.disk_usage(target.parent).free / 2**30
+            existing = next(folder for folder in target.parents if folder.exists())   # its folder may not be made
+            free = shutil.disk_usage(existing).free / 2**30
             raise OSError(f"checkpoint {target} not written ({error}); {free:.2f} GiB free on its filesystem (a full "
                           "disk, a quota or a file-size limit ends the write like this); the one before it is "
                           "untouched") from error

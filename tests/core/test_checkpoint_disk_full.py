@@ -38,3 +38,15 @@ def test_a_checkpoint_that_does_not_fit_fails_clearly_and_keeps_the_previous(tmp
     assert "unexpected pos" in error and "GiB free on its filesystem" in error and "untouched" in error
     assert torch.load(target, weights_only=True)["step"] == 1
     assert [p.name for p in target.parent.iterdir() if p.name.startswith(PARTIAL_PREFIX)] == []
+
+
+def test_a_checkpoint_whose_folder_cannot_be_made_fails_naming_it(tmp_path):
+    """The error reports the free space of the nearest folder that exists (the checkpoint's own was never made)."""
+    import pytest
+
+    from pipeline.core.checkpoints import AtomicCheckpointIO
+
+    (tmp_path / "runs").write_text("a file where the run's folder should be")
+    target = tmp_path / "runs" / "checkpoints" / "last.ckpt"
+    with pytest.raises(OSError, match=f"checkpoint {target} not written .* GiB free on its filesystem"):
+        AtomicCheckpointIO().save_checkpoint({"step": 1}, str(target))
