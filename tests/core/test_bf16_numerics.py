@@ -9,8 +9,6 @@ Hugging Face format at the end; the ZeRO-3 run then starts phase 2 (init_from_ch
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -20,6 +18,7 @@ import torch
 
 from pipeline.core.app import compose
 from pipeline.core.strategies import deepspeed_config
+from tests.helpers.ranks import local_launch_env, run_rank_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STRATEGIES = ("ddp", "deepspeed_stage_2", "deepspeed_stage_3")
@@ -75,13 +74,8 @@ def run(strategy: str, shards: Path, tmp_path: Path, tiny_overrides, extensions_
                                  f"strategy={strategy}", "trainer.precision=bf16-mixed", "data.num_workers=1",
                                  f"callbacks.throughput.log_every_n_steps={LOG_EVERY}", "export.plot=false",
                                  f"export.hf={strategy != 'ddp'}")]
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir,
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, str(script), str(out), str(LOG_EVERY), *overrides], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    env = local_launch_env(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir)
+    proc = run_rank_group([sys.executable, str(script), str(out), str(LOG_EVERY), *overrides], env, timeout_s=900)
     assert proc.returncode == 0, f"{strategy}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return out
 

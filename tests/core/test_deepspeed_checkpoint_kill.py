@@ -4,7 +4,6 @@ the resume (ckpt_path=auto, what every SLURM start passes) takes the previous co
 and why it passed over the newer."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -14,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.ranks import local_launch_env, run_rank_group
+
 
 # The pre-training on 2 CPU processes (Lightning's launcher re-runs this script for rank 1), printing the step each
 # fit starts and ends at. With KILL_IN=<checkpoint name>, rank 1 dies inside that checkpoint's save, with rank 0:
@@ -81,11 +81,7 @@ def run(tmp_path: Path, output_dir: Path, max_steps: int, torch_extensions_dir: 
         kill_in: str | None = None) -> subprocess.CompletedProcess:
     script = tmp_path / "deepspeed_training.py"
     script.write_text(SCRIPT)
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DS_ACCELERATOR="cpu",
-               TORCH_EXTENSIONS_DIR=torch_extensions_dir)
+    env = local_launch_env(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=torch_extensions_dir)
     if kill_in:
         env["KILL_IN"] = kill_in
     overrides = [f"data.path={shards}", f"output_dir={output_dir}", "trainer.devices=2", "strategy=deepspeed_stage_2",
@@ -94,8 +90,7 @@ def run(tmp_path: Path, output_dir: Path, max_steps: int, torch_extensions_dir: 
                  "trainer.enable_model_summary=false", "scheduler.warmup_steps=2",
                  "callbacks.checkpoint.every_n_train_steps=2", "callbacks.checkpoint.save_last=false",
                  "ckpt_path=auto", "export.hf=false", "export.plot=false", "data.verify_checksums=false"]
-    return subprocess.run([sys.executable, str(script), *overrides], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return run_rank_group([sys.executable, str(script), *overrides], env, timeout_s=600)
 
 
 def steps(output: str, kind: str) -> set[int]:

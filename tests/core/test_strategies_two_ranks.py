@@ -3,8 +3,6 @@ CPUDeepSpeedStrategy (sharded checkpoints that consolidate exactly, the pipeline
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -15,8 +13,8 @@ import torch
 from pipeline.core.app import compose
 from pipeline.core.checkpoint_files import is_complete
 from pipeline.core.strategies import deepspeed_config
+from tests.helpers.ranks import local_launch_env, run_rank_group
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------- 2-process runs
@@ -129,17 +127,8 @@ def run_two_processes(tmp_path: Path, strategy_name: str, torch_extensions_dir: 
     script.write_text(RUN_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=torch_extensions_dir,
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    try:
-        proc = subprocess.run([sys.executable, str(script), str(out), strategy_name], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"2-process {strategy_name} run timed out after {timeout_s} s:\n{(e.stdout or '')[-4000:]}"
-                    f"\n{(e.stderr or '')[-4000:]}")
+    env = local_launch_env(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=torch_extensions_dir)
+    proc = run_rank_group([sys.executable, str(script), str(out), strategy_name], env, timeout_s)
     log = f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}"
     assert proc.returncode == 0, log
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)], out

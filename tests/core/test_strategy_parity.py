@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.ranks import local_launch_env, run_rank_group
+
 STRATEGIES = ["auto", "ddp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload",
               "deepspeed_stage_3", "deepspeed_stage_3_offload"]
 
@@ -54,13 +53,8 @@ def run_strategy(strategy: str, shards: Path, tmp_path: Path, tiny_overrides, ex
     overrides = [*tiny_overrides(shards, out / "run", 4, "trainer.devices=2", "data.micro_batch_size=2",
                                  f"strategy={strategy}", "export.hf=false", "export.plot=false")]
     overrides = [o.replace("trainer.log_every_n_steps=2", "trainer.log_every_n_steps=1") for o in overrides]
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir,
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run([sys.executable, str(script), str(out), *overrides], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = local_launch_env(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=extensions_dir)
+    proc = run_rank_group([sys.executable, str(script), str(out), *overrides], env, timeout_s=900)
     assert proc.returncode == 0, f"{strategy}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     with open(out / "run" / "csv" / "metrics.csv", newline="") as handle:   # what the run logs: the mean over ranks

@@ -13,8 +13,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,11 +21,9 @@ import pytest
 
 from pipeline.core.app import compose
 from pipeline.finetuning.run import finetune
+from tests.helpers.ranks import local_launch_env, run_rank_group
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
-LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 TWO_RANK_TIMEOUT_S = 900
 
 
@@ -96,22 +92,10 @@ def fine_tuned_model(tiny_bert_dir: Path, setup: Family, tmp_path: Path) -> Path
 
 def evaluate_on_two_ranks(arguments: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     """`python pipeline/finetune.py <arguments> trainer.devices=2`: Lightning starts rank 1 itself."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in LAUNCHER_VARS}
-    env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_DATASETS_OFFLINE="1",
-               HF_HUB_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
+    env = local_launch_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_DATASETS_DISABLE_PROGRESS_BARS="1")
     command = [sys.executable, "pipeline/finetune.py", *arguments, "trainer.devices=2", "trainer.accelerator=cpu",
                f"hydra.run.dir={tmp_path / 'hydra'}"]
-    # its own process group: on a timeout, rank 1 (started by rank 0's Lightning) goes too
-    proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TWO_RANK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"the 2-process evaluation did not finish in {TWO_RANK_TIMEOUT_S} s:\n{stdout[-3000:]}\n"
-                    f"{stderr[-6000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    return run_rank_group(command, env, TWO_RANK_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------------------------------------- the comparison

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.ranks import local_launch_env, run_rank_group
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -87,14 +89,12 @@ train(compose("train", sys.argv[3:]), extra_callbacks=[RecordEachRank()])
 
 
 def run_two_rank_training(script_dir: Path, out: Path, overrides: list[str], kill_at_step: int = 0,
-                          timeout: float = 900) -> subprocess.CompletedProcess:
-    """TWO_RANK_SCRIPT with `overrides` (add trainer.devices=2 and a strategy); records in `out`."""
+                          timeout: float = 300) -> subprocess.CompletedProcess:
+    """TWO_RANK_SCRIPT with `overrides` (add trainer.devices=2 and a strategy); records in `out`. A run takes
+    ~17 s (the resume test's three: 51 s in a full CI run); past `timeout` the test fails showing every process's
+    stacks."""
     script = script_dir / "two_rank_training.py"
     script.write_text(TWO_RANK_SCRIPT)
     out.mkdir(parents=True, exist_ok=True)
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, str(script), str(out), str(kill_at_step), *overrides], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return run_rank_group([sys.executable, str(script), str(out), str(kill_at_step), *overrides],
+                          local_launch_env(), timeout)

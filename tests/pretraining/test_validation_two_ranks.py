@@ -3,13 +3,12 @@ logged metrics are those of both shares together, not rank 0's alone."""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers.ranks import local_launch_env, run_rank_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,12 +46,8 @@ def test_two_ranks_validate_the_whole_held_out_set_together(small_shards, tiny_o
                                            "export.plot=false", f"validation.path={small_shards}",
                                            "validation.every_n_steps=4")
                  if not o.startswith("output_dir=")] + [f"hydra.run.dir={run_dir}"]
-    launcher_vars = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                     "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in launcher_vars}
-    env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = run_rank_group([sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides], local_launch_env(),
+                          timeout_s=900)
     assert done.returncode == 0, done.stderr[-4000:]
     with open(run_dir / "csv" / "metrics.csv") as handle:
         logged = [row for row in csv.DictReader(handle) if row.get("val/mlm_acc")]
