@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from common import REPO_ROOT, add_shared_data_flag, shared_path
+from common import REPO_ROOT, add_shared_data_flag, checkout_env, shared_path
 from downstream_suite import run_suite
 from recipe_corpus import shard_sets
 
@@ -61,7 +60,7 @@ def pretrain(shared_data: Path, out: Path) -> Path:
                f"data.path={train}", f"validation.path={heldout}", f"hydra.run.dir={run}",
                f"callbacks.checkpoint.every_n_train_steps={steps // 4}", "trainer.enable_progress_bar=false"]
     print(f"pre-training: {' '.join(command)}", flush=True)
-    subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    subprocess.run(command, check=True, cwd=REPO_ROOT, env=checkout_env(OMP_NUM_THREADS="2"))
     return run
 
 

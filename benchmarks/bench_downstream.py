@@ -34,6 +34,10 @@ STAGES = ("corpora", "calibrate", "search", "pretrain", "finetune", "report")
 PRETRAINING_ARMS = (("domain_120", "domain", 120, False), ("general_120", "general", 120, False),
                     ("domain_60", "domain", 60, False), ("general_60", "general", 60, False),
                     ("domain_60_other", "domain", 60, True))
+PRETRAINING_NAMES = tuple(arm for arm, *_ in PRETRAINING_ARMS)
+# what --arms may name in each stage: the fine-tuning arms (downstream_arms) and the bag-of-words baseline
+ARM_NAMES = {"pretrain": PRETRAINING_NAMES,
+             "finetune": ("random_domain", "random_general") + PRETRAINING_NAMES + ("baseline",)}
 QUICK_TRIES = ("tiny_v16k_s128_mlm_lr1e-3", "tiny_v16k_s128_nsp_lr1e-3")   # both objectives; choose() says "not run"
 QUICK_MINUTES = 0.1           # of the quick chain's calibration: a handful of steps
 
@@ -105,13 +109,12 @@ def compare_objectives(out: Path) -> None:
 
 def downstream_arms(out: Path) -> list[dict]:
     """The protocol's arms, as study_tasks takes them; random arms copy a pre-trained arm's config and tokenizer."""
-    export = {arm: out / "pretrain" / arm / "hf_export" for arm, *_ in PRETRAINING_ARMS}
+    export = {arm: out / "pretrain" / arm / "hf_export" for arm in PRETRAINING_NAMES}
     arms = [{"name": "random_domain", "random_like": export["domain_120"]},
             {"name": "domain_120", "init": export["domain_120"]},
             {"name": "random_general", "random_like": export["general_120"]},
             {"name": "general_120", "init": export["general_120"]}]
-    arms += [{"name": arm, "init": export[arm]} for arm in ("domain_60", "general_60", "domain_60_other")]
-    return [arm for arm in arms if Path(arm.get("init") or arm["random_like"]).is_dir()]
+    return arms + [{"name": arm, "init": export[arm]} for arm in ("domain_60", "general_60", "domain_60_other")]
 
 
 def stage_finetune(out: Path, shared_data: Path, quick: bool, only: list[str] | None,
@@ -120,9 +123,15 @@ def stage_finetune(out: Path, shared_data: Path, quick: bool, only: list[str] | 
     from study_tasks import run_arm
 
     for arm in downstream_arms(out):
-        if not only or arm["name"] in only:
-            run_arm(arm, shared_data, out, quick=quick)
-            keep_in_record(out, record)
+        if only and arm["name"] not in only:
+            continue
+        run = Path(arm.get("init") or arm["random_like"]).parent
+        if not (run / "DONE").is_file():   # said, not passed over: a sitting that fine-tunes nothing must say why
+            print(f"{arm['name']}: skipped, the pre-training run it needs has not finished "
+                  f"(no {run / 'DONE'}); run the pretrain stage for {run.name} first", flush=True)
+            continue
+        run_arm(arm, shared_data, out, quick=quick)
+        keep_in_record(out, record)
     if not only or "baseline" in only:
         run_baseline(shared_data, out, quick=quick)
 
@@ -184,6 +193,14 @@ def main() -> int:
     parser.add_argument("--no-record", action="store_true", help="outputs/study without benchmarks/study_record")
     add_shared_data_flag(parser)
     args = parser.parse_args()
+    if args.stage is None and not args.quick:
+        parser.error("name a stage, or --quick for the whole chain")
+    known = [name for stage in ([args.stage] if args.stage else STAGES) for name in ARM_NAMES.get(stage, ())]
+    if args.arms and not known:
+        parser.error(f"--arms: the {args.stage} stage has no arms (pretrain and finetune have)")
+    if args.arms and (unknown := [name for name in args.arms if name not in known]):
+        parser.error(f"--arms {' '.join(unknown)}: not an arm of {args.stage or 'the chain'}; "
+                     f"its arms are {', '.join(dict.fromkeys(known))}")
     shared_data = shared_path(args, "corpora").parent
     out = (args.out or REPO_ROOT / "outputs" / ("study_quick" if args.quick else "study")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -195,8 +212,6 @@ def main() -> int:
         (out / "QUICK").write_text("the quick chain's outputs: tiny corpora and budgets, not the study's\n")
         import torch
         torch.set_num_threads(1)   # everything runs in this process; one thread is faster on a shared small machine
-    if args.stage is None and not args.quick:
-        parser.error("name a stage, or --quick for the whole chain")
     # A sitting stopped with SIGTERM (kill, the end of a machine's loan) still copies what it finished to the record.
     signal.signal(signal.SIGTERM, lambda number, _: sys.exit(f"stopped by signal {number}"))
     try:

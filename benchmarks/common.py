@@ -50,12 +50,21 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def checkout_env(**overrides: str) -> dict[str, str]:
+    """The environment for a child program (pipeline/train.py, data_prep/run.py): this checkout first on its path.
+    `python pipeline/train.py` imports `pipeline` from wherever pip installed the project, and an editable install
+    follows the last `pip install -e` of any clone (a CI clone's, since deleted: the study's pretrain stage once failed
+    at once with "No module named 'pipeline'"; with that clone still there it would have trained on other code)."""
+    path = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, **overrides}
+
+
 def train_process(run_dir: Path, overrides: list[str], threads: int, append_log: bool = False) -> None:
     """`python pipeline/train.py <overrides> hydra.run.dir=<run_dir>` on `threads` threads, W&B off, its output in
     <run_dir>.log beside the run; stops the benchmark, naming the log, when the run fails."""
     import subprocess
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    env = checkout_env(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), WANDB_MODE="disabled")
     command = [sys.executable, str(REPO_ROOT / "pipeline" / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = run_dir.parent / f"{run_dir.name}.log"

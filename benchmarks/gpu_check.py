@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import BUNDLED_VOCAB, REPO_ROOT
+from common import BUNDLED_VOCAB, REPO_ROOT, checkout_env
 
 GOAL_MFU = 0.55
 MIN_ROW_S = 30.0   # a row given less than this by the budget is not started
@@ -333,7 +332,7 @@ def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, st
         # On the CPU rehearsal: DeepSpeed's CPU accelerator (it picks one when first imported), and one thread, which
         # Lightning would otherwise raise to the core count where OMP_NUM_THREADS is unset.
         cpu_env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
-        env = {**os.environ, **cpu_env}
+        env = checkout_env(**cpu_env)
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": f"stopped at its time limit, {timeout:.0f} s (the row's limit or what was left of the "

@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from common import REPO_ROOT, add_shared_data_flag, shared_path
+from common import REPO_ROOT, add_shared_data_flag, checkout_env, shared_path
 
 HELD_OUT_BOOK = "chesterton-thursday.txt"
 HELD_OUT_WIKI_SHARE = 5           # 1 article in 5
@@ -73,7 +72,7 @@ def _inputs(text_dir: Path) -> str:
 
 def _data_prep(overrides: list[str]) -> None:
     command = [sys.executable, str(REPO_ROOT / "data_prep" / "run.py"), "preset=phase1", *overrides, *BEAM_ARGS]
-    subprocess.run(command, check=True, cwd=REPO_ROOT, env={**os.environ, "RAYON_NUM_THREADS": "2"})
+    subprocess.run(command, check=True, cwd=REPO_ROOT, env=checkout_env(RAYON_NUM_THREADS="2"))
 
 
 def shard_sets(shared_data: Path, out: Path, seq: int, vocab: str) -> tuple[Path, Path]:

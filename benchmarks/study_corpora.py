@@ -13,7 +13,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
-from common import REPO_ROOT
+from common import REPO_ROOT, checkout_env
 
 HELD_OUT_ONE_IN = 50
 MIN_CHECKED_WORDS = 6          # evaluation sentences shorter than this are too generic to be evidence
@@ -228,7 +227,7 @@ def _data_prep(overrides: list[str], in_process: bool) -> None:
         run(overrides)
         return
     command = [sys.executable, str(REPO_ROOT / "data_prep" / "run.py"), *overrides]
-    done = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "RAYON_NUM_THREADS": "1"}, capture_output=True,
+    done = subprocess.run(command, cwd=REPO_ROOT, env=checkout_env(RAYON_NUM_THREADS="1"), capture_output=True,
                           text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
