@@ -16,7 +16,7 @@ The batch looks like BERT phase-1 input: most rows full, a few shorter ones padd
 a short row: 15% of its tokens, the rest of the 20 slots padding with label -100), and NSP labels. With
 --short-fraction 0 every row is full and ours gets no attention mask, as the pipeline's collator sends none then.
 
---compile compiles our encoder as model.compile=true does (BertModel.compile(), in place); --compare-compile times
+--compile compiles our model as model.compile=true does (the whole model, in place); --compare-compile times
 our model eager and compiled side by side and prints the ratio compiled / eager.
 
 Before timing, a parity check with dropout off (config copies with dropout 0, same weights): the losses of two
@@ -42,6 +42,7 @@ import torch.nn as nn
 
 from model import BertConfig  # noqa: E402
 from model.hf_conversion import from_hf_state_dict, hf_config_from  # noqa: E402
+from pipeline.pretraining.compiled import apply_compile_settings  # noqa: E402
 
 CLS_ID, SEP_ID, PAD_ID, MASK_ID = 101, 102, 0, 103
 IGNORE = -100
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile", action="store_true", help="our encoder compiled, as model.compile=true")
+    parser.add_argument("--compile", action="store_true", help="our model compiled, as model.compile=true")
     parser.add_argument("--compare-compile", action="store_true",
                         help="time ours eager and ours compiled side by side (ratio compiled / eager)")
     parser.add_argument("--short-fraction", type=float, default=0.125,
@@ -212,12 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     # Timing with dropout on.
     hf, ours = build(config, args.seed)
     hf.train(), ours.train()
-    if args.compile:
-        ours.bert.compile()
+    apply_compile_settings(ours, {"compile": args.compile})
     contenders = {"hf": (hf, hf_loss), "ours": (ours, our_loss)}
     if args.compare_compile:   # a second copy of our model, the same weights, its encoder compiled
         compiled = build(config, args.seed)[1].train()
-        compiled.bert.compile()
+        apply_compile_settings(compiled, {"compile": True})
         contenders["compiled"] = (compiled, our_loss)
     if args.skip_hf:
         del contenders["hf"]

@@ -102,13 +102,11 @@ def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
                            "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
                            "export.hf=false", "export.plot=false", *extra)))
     batch = sizes.finetune_batch
-    # optimizer.fused=false: Lightning's bf16-mixed precision refuses gradient clipping (finetune.yaml clips to 1.0)
-    # with any optimizer that unscales gradients itself, torch's fused AdamW included ("does not allow for gradient
-    # clipping because it performs unscaling of gradients internally"), on the CPU and on GPUs alike.
+    # torch's fused AdamW under bf16-mixed with finetune.yaml's clipping: the module clips (pipeline/core/clipping.py)
     runs.append(Case(
         name="finetune-sst2", program="finetune", model=sizes.base, seq="longest in batch", strategy="auto",
-        optimizer="adamw (not fused)", batch=f"{batch} x 1",
-        overrides=("task=sst2", "optimizer.fused=false", f"init={work / 'init'}",
+        optimizer="adamw (fused)", batch=f"{batch} x 1",
+        overrides=("task=sst2", f"init={work / 'init'}",
                    f"trainer.accelerator={'gpu' if sizes.trainer == 'gpu' else 'cpu'}", "trainer.devices=1",
                    f"trainer.precision={PRECISION}", "trainer.max_epochs=1",
                    f"trainer.log_every_n_steps={sizes.log_every}", "trainer.enable_progress_bar=false",
@@ -167,6 +165,7 @@ def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
     import torch
 
     from gpu_probes import AttentionBackendProbe, peak_memory
+    from gpu_step_profile import StepProfileProbe
     from pipeline.core.app import compose
     from pipeline.core.callbacks.throughput import ThroughputMonitor
     from pipeline.core.loggers import csv_metrics_path
@@ -174,17 +173,19 @@ def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
     if sizes is CPU:
         torch.set_num_threads(1)   # a shared CI runner: more threads than free cores slow a step down many times
     out = work / case.name
-    probe = AttentionBackendProbe()
+    probe, step_profile = AttentionBackendProbe(), StepProfileProbe()
     overrides = [*case.overrides, f"output_dir={out}"]
     started = time.perf_counter()
     if case.program == "train":
         from pipeline.pretraining.run import train
-        train(compose("train", overrides), extra_callbacks=[probe])
+        train(compose("train", overrides), extra_callbacks=[probe, step_profile])
     else:   # fine-tuning builds no throughput callback of its own
         from pipeline.finetuning.run import finetune
-        finetune(compose("finetune", overrides), extra_callbacks=[ThroughputMonitor(sizes.log_every), probe])
+        finetune(compose("finetune", overrides),
+                 extra_callbacks=[ThroughputMonitor(sizes.log_every), probe, step_profile])
     memory, memory_kind = peak_memory()
     return {"windows": throughput_windows(csv_metrics_path(out)), "attention": probe.backends,
+            "profile": step_profile.summary,
             "peak_memory": memory, "peak_memory_kind": memory_kind, "seconds": time.perf_counter() - started,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
             "torch": torch.__version__, **peak_flops_sources()}
@@ -237,6 +238,16 @@ def table(rows: list[tuple[Case, dict]], sizes: Sizes) -> str:
         lines.append(f"{head} {s['perf/sequences_per_s']:,.1f} | {s['perf/padded_tokens_per_s']:,.0f} | "
                      f"{s['perf/tokens_per_s']:,.0f} | {mfu} | {result['peak_memory'] / 2**30:.2f} GiB | "
                      f"{result['attention']} |")
+    return "\n".join(lines)
+
+
+def profile_table(rows: list[tuple[str, dict]]) -> str:
+    """Where step 2 of each run spent its time (benchmarks/gpu_step_profile.py)."""
+    from gpu_step_profile import profile_lines
+
+    lines = ["| run | GPU busy | kernel launches / micro-batch | host syncs / micro-batch | time by kernel class |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {name} | {profile_lines(result.get('profile'))} |" for name, result in rows if "error" not in result]
     return "\n".join(lines)
 
 
@@ -307,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and case.name not in args.only:
             continue
         rows.append((case, run_child(case, args, work, sizes, started)))
-    text = "\n\n".join([header(rows, sizes, command), table(rows, sizes), verdict(rows)])
+    text = "\n\n".join([header(rows, sizes, command), table(rows, sizes), verdict(rows),
+                         "One optimizer step of each run, profiled (step 2):",
+                         profile_table([(case.name, result) for case, result in rows])])
     print("\n" + text)
     (work / "gpu_check.md").write_text(text + "\n")
     print(f"\nwritten to {work / 'gpu_check.md'}; {time.perf_counter() - started:.0f} s in all")

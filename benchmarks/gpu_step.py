@@ -10,7 +10,7 @@ weights), so that the gap between the pipeline's MFU and the model's is visible:
 - step: 4 micro-batches accumulated, gradient clipping to 1.0, the optimizer step, zero_grad: what one optimizer step
   of the pipeline computes, with the pipeline's optimizer (pipeline.core.optim.build_optimizer: LAMB as
   `optimizer=lamb`, torch's fused AdamW as `optimizer=adamw`);
-each eager and with the encoder compiled as `model.compile=true` does (BertModel.compile()).
+each eager and compiled as `model.compile=true` does (the whole model and its losses: pipeline/pretraining/compiled.py).
 Per variant: sequences/s and MFU (model/flops.py, as the throughput callback) over --steps timed steps after
 --warmup, the time synchronised at both ends only; and, for the steps, the milliseconds that are not forward and
 backward (clipping and the optimizer: step time minus 4 times the fwd+bwd time of the same compilation).
@@ -28,6 +28,7 @@ from bench_train_step import make_batch, our_loss
 from model import BertConfig, BertForPreTraining
 from model.flops import flops_per_token, peak_flops_for_device
 from pipeline.core.optim import build_optimizer
+from pipeline.pretraining.compiled import apply_compile_settings
 
 OPTIMIZERS = {"lamb": {"name": "lamb", "lr": 1e-4, "weight_decay": 0.01},
               "fused adamw": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.01, "fused": True}}
@@ -51,8 +52,7 @@ def measure(config: BertConfig, batch: dict, device: torch.device, compiled: boo
             accumulation: int, steps: int, warmup: int) -> float:
     torch.manual_seed(0)
     model = BertForPreTraining(config).to(device).train()
-    if compiled:
-        model.bert.compile()
+    apply_compile_settings(model, {"compile": compiled})
     params = list(model.parameters())
     opt = build_optimizer(model, OPTIMIZERS[optimizer]) if optimizer else None
 

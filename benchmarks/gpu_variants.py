@@ -1,17 +1,20 @@
-"""What speeds up the pipeline's BERT-Large pre-training on one GPU: settings against a baseline on the same machine.
+"""What speeds up the pipeline's BERT-Large pre-training on one GPU: levers against today's recipe row, on one machine.
 
-    python benchmarks/gpu_variants.py --shards-128 <set>           # the default variants, 2 rounds, at most 8 minutes
-    python benchmarks/gpu_variants.py --cpu --rounds 1             # the same code paths at tiny sizes (a test in CI)
+    python benchmarks/gpu_variants.py --shards-128 <set>           # the levers (below), 1 round, at most 8 minutes
+    python benchmarks/gpu_variants.py --cpu                        # the same code paths at tiny sizes (a test in CI)
     python benchmarks/gpu_variants.py --variant workers_4=data.num_workers=4 --rounds 3
 
-Every run is gpu_check.py's `pretrain-128-ddp` row (BERT-Large, seq 128, DDP on one process, the recipe's LAMB,
-bf16-mixed, micro-batch 64 x 4 accumulated, 40 optimizer steps), in a process of its own, with one variant's Hydra
-overrides added. The same row gave 678 to 924 sequences/s in six runs on three fresh machines of one kind
-(benchmarks/gpu.md), so a variant is never compared with a figure from another machine: each round runs the
-baseline and every variant once on this one, in an order rotated by one place a round (no variant always runs first,
-on the coldest machine), and a variant's ratio is its median over its runs against the baseline's median over the
-baseline's runs in the same script. A run the budget cannot finish (less time left than the same variant's last run
-took, or under 30 s) is not started, and says so; the rounds go on with what fits.
+Every run is gpu_check.py's `pretrain-128-ddp` row (BERT-Large, seq 128, one process, the recipe's LAMB, bf16-mixed,
+micro-batch 64 x 4 accumulated, 40 optimizer steps), in a process of its own, with one variant's Hydra overrides
+added. The default variants are issue 35's levers, each alone and all together (LEVERS, in the order they run: a
+budget that runs out leaves the last ones out, and says so), and the ZeRO rows against DDP with the same optimizer.
+The same row gave 678 to 924 sequences/s in six runs on three fresh machines of one kind (benchmarks/gpu.md), so a
+variant is never compared with a figure from another machine: each round runs the baseline and every variant once on
+this one, in an order rotated by one place a round (no variant always runs first, on the coldest machine), and a
+variant's ratio is its median over its runs against the baseline's median over the baseline's runs in the same
+script. A run the budget cannot finish (less time left than the same variant's last run took, or under 30 s) is not
+started, and says so; the rounds go on with what fits. Each run's step 2 is profiled (benchmarks/gpu_step_profile.py):
+the second table says where its time went.
 """
 from __future__ import annotations
 
@@ -22,17 +25,33 @@ import time
 from pathlib import Path
 
 from common import REPO_ROOT, at_least_one
-from gpu_check import CPU, GPU, cases, make_shards, run_child, summarise
+from gpu_check import CPU, GPU, cases, make_shards, profile_table, run_child, summarise
 
 ROW = "pretrain-128-ddp"
 BASELINE = "baseline"
-# The micro-batch variant keeps the optimizer step: 128 x 2 accumulated = 64 x 4 = 256 sequences (gpu_check sets
-# data.global_batch_size to micro x accumulation; only the micro-batch changes).
-DEFAULT_VARIANTS = {
+# Issue 35's levers. (unpadded: 6% of this row's tokens are padding, 15-17% at seq 512.) The row's optimizer step
+# stays 256 sequences (gpu_check sets data.global_batch_size to 64 x 4):
+# micro_batch_auto takes the largest pass that fits (256 x 1 on an 80 GB card). FP8 runs compiled (torchao's
+# scaling and casts are fused by the compiler; eager they are extra kernels). The ZeRO rows compare with DDP under the
+# same optimizer (ZeRO refuses LAMB): adamw is the DDP row with it.
+LEVERS = {
+    "all": ("data.micro_batch_size=auto", "model.compile=true", "model.fp8=true"),
+    "micro_batch_auto": ("data.micro_batch_size=auto",),
     "compiled": ("model.compile=true",),
-    "loader_8_workers": ("data.num_workers=8",),
-    "micro_batch_128": ("data.micro_batch_size=128",),
+    "fp8_compiled": ("model.compile=true", "model.fp8=true"),
+    "cuda_graphs": ("model.compile=true", "model.cuda_graphs=true"),
+    "unpadded": ("data.unpad=true",),
+    "adamw": ("optimizer=adamw", "optimizer.lr=1e-4"),
+    "zero1_adamw": ("strategy=deepspeed_stage_1", "optimizer=adamw", "optimizer.lr=1e-4"),
+    "zero2_adamw": ("strategy=deepspeed_stage_2", "optimizer=adamw", "optimizer.lr=1e-4"),
 }
+# Not in the CPU rehearsal: FP8 is refused without a GPU of compute capability 8.9+, CUDA graphs need CUDA, and "all"
+# holds FP8.
+GPU_ONLY = ("all", "fp8_compiled", "cuda_graphs")
+
+
+def default_variants(cpu: bool) -> dict[str, tuple[str, ...]]:
+    return {name: overrides for name, overrides in LEVERS.items() if not (cpu and name in GPU_ONLY)}
 
 
 def variant(text: str) -> tuple[str, tuple[str, ...]]:
@@ -112,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "outputs" / "gpu_variants")
     parser.add_argument("--shards-128", type=Path, help="a phase-1 shard set (default: gpu_check's, made here)")
     parser.add_argument("--variant", type=variant, action="append", metavar="NAME=KEY=VALUE[,KEY=VALUE]",
-                        help="a variant to compare with the baseline (repeatable; default: "
-                             + "; ".join(f"{k}={','.join(v)}" for k, v in DEFAULT_VARIANTS.items()) + ")")
-    parser.add_argument("--rounds", type=at_least_one, default=2, help="runs of each variant, and of the baseline")
+                        help="a variant to compare with the baseline (repeatable; default: the levers, "
+                             + "; ".join(f"{k}={','.join(v)}" for k, v in LEVERS.items()) + ")")
+    parser.add_argument("--rounds", type=at_least_one, default=1, help="runs of each variant, and of the baseline")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for the whole comparison (default: 480 on a GPU, none on the CPU)")
     args = parser.parse_args(argv)
@@ -126,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: run on a GPU machine, or pass --cpu for the CPU rehearsal")
-    variants = {BASELINE: (), **(dict(args.variant) if args.variant else DEFAULT_VARIANTS)}
+    variants = {BASELINE: (), **(dict(args.variant) if args.variant else default_variants(args.cpu))}
     started = time.perf_counter()
     work = args.workdir.resolve()
     shards = args.shards_128.resolve() if args.shards_128 else own_shards(work, args.cpu)
@@ -142,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                 took[name] = time.perf_counter() - began
             results[name].append(result)
     device = next((f"{r['device']}, torch {r['torch']}" for rs in results.values() for r in rs if "device" in r), "?")
+    first_runs = [(name, next((r for r in rs if "error" not in r), {"error": "none ran"}))
+                  for name, rs in results.items()]
     text = (f"{time.strftime('%Y-%m-%d %H:%M')}, {device}; `{command}`; the `{ROW}` row of gpu_check.py, "
-            f"{args.rounds} rounds, each variant's order rotated a round\n\n{table(variants, results)}")
+            f"{args.rounds} rounds, each variant's order rotated a round\n\n{table(variants, results)}\n\n"
+            f"Step 2 of each variant's first run, profiled:\n\n{profile_table(first_runs)}")
     print("\n" + text)
     (work / "gpu_variants.md").write_text(text + "\n")
     print(f"\nwritten to {work / 'gpu_variants.md'}; {time.perf_counter() - started:.0f} s in all")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from model.config import BertConfig
+from model.unpadding import UnpaddedLayout
 
 IGNORE_INDEX = -100  # label of a slot that takes no part in a loss (padding of masked_positions)
 
@@ -39,6 +40,17 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return F.dropout(x, p, training=True)  # CUDA's fused kernel; low-precision uniforms would skew p
     mask = torch.rand_like(x).ge_(p).mul_(1.0 / (1.0 - p))  # 1 / (1 - p) where kept, 0 where dropped
     return x * mask
+
+
+def residual_stream(x: torch.Tensor) -> torch.Tensor:
+    """A LayerNorm's output as the residual stream carries it: in autocast's dtype under autocast (bf16-mixed), else
+    as it is. Autocast runs LayerNorm in fp32 and returns fp32, so without this the stream between the blocks (and
+    every activation saved from it for the backward) would be fp32: twice the memory traffic of the matmuls' bf16
+    inputs, which autocast would cast it to anyway. The residual additions are then in bf16, as in NVIDIA's and
+    Megatron's BERT (the LayerNorm itself still computes its statistics in fp32)."""
+    if torch.is_autocast_enabled(x.device.type):
+        return x.to(torch.get_autocast_dtype(x.device.type))
+    return x
 
 
 class Embeddings(nn.Module):
@@ -61,7 +73,7 @@ class Embeddings(nn.Module):
         positions = torch.arange(T, device=input_ids.device)  # (T,)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, C)
         x = x + self.position_embeddings(positions)  # broadcast over the batch
-        return dropout(self.layer_norm(x), self.dropout_p, self.training)
+        return dropout(residual_stream(self.layer_norm(x)), self.dropout_p, self.training)
 
 
 class SelfAttention(nn.Module):
@@ -76,9 +88,12 @@ class SelfAttention(nn.Module):
         self.output = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_dropout
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                unpadded: UnpaddedLayout | None = None) -> torch.Tensor:
+        """x: (B, T, C), or (N, C) with `unpadded`: the real tokens of a (B, T) batch (model/unpadding.py)."""
+        qkv = self.qkv(x) if unpadded is None else unpadded.pad(self.qkv(x))  # (B, T, 3C): attention needs rows
+        B, T, C = qkv.shape[0], qkv.shape[1], x.shape[-1]
+        q, k, v = qkv.split(C, dim=2)
         q = q.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
@@ -92,7 +107,7 @@ class SelfAttention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask, dropout_p=dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble the heads side by side
-        return self.output(y)
+        return self.output(y if unpadded is None else unpadded.unpad(y))  # (B, T, C) or (N, C)
 
 
 def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
@@ -133,10 +148,12 @@ class EncoderLayer(nn.Module):
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout_p = config.hidden_dropout
 
-    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                unpadded: UnpaddedLayout | None = None) -> torch.Tensor:
         p, training = self.dropout_p, self.training
-        x = self.attention_norm(x + dropout(self.attention(x, key_padding_mask), p, training))  # (B, T, C)
-        x = self.feed_forward_norm(x + dropout(self.feed_forward(x), p, training))  # (B, T, C)
+        attended = self.attention(x, key_padding_mask, unpadded)
+        x = residual_stream(self.attention_norm(x + dropout(attended, p, training)))  # (B, T, C), or (N, C) unpadded
+        x = residual_stream(self.feed_forward_norm(x + dropout(self.feed_forward(x), p, training)))
         return x
 
 
@@ -220,18 +237,23 @@ class BertModel(nn.Module):
         self.apply(functools.partial(init_bert_weights, std=config.initializer_range))
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False) -> EncoderOutput:
+                attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
+                token_index: torch.Tensor | None = None) -> EncoderOutput:
         """input_ids, token_type_ids (0 = segment A, 1 = B; default all 0), attention_mask (1 = token,
-        0 = padding; default no padding): all (B, T)."""
+        0 = padding; default no padding): all (B, T). token_index (N,): the layers compute on these tokens only
+        (flat indices b * T + t, from the collator; model/unpadding.py), their states are zeros elsewhere."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = key_padding_mask(attention_mask)
+        unpadded = UnpaddedLayout.of(token_index, input_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
         hidden_states = [x] if output_hidden_states else None
+        x = x if unpadded is None else unpadded.unpad(x)  # (N, C)
         for layer in self.layers:
-            x = layer(x, mask)  # (B, T, C)
+            x = layer(x, mask, unpadded)  # (B, T, C) or (N, C)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(x if unpadded is None else unpadded.pad(x))
+        x = x if unpadded is None else unpadded.pad(x)  # (B, T, C)
         pooled = self.pooler(x) if self.pooler is not None else None  # (B, C)
         return EncoderOutput(sequence_output=x, pooled_output=pooled,
                              hidden_states=tuple(hidden_states) if hidden_states is not None else None)
@@ -328,7 +350,8 @@ class BertForPreTraining(nn.Module):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
                 masked_lm_labels: torch.Tensor | None = None,
-                next_sentence_labels: torch.Tensor | None = None) -> PreTrainingOutput:
+                next_sentence_labels: torch.Tensor | None = None,
+                token_index: torch.Tensor | None = None) -> PreTrainingOutput:
         """input_ids, token_type_ids, attention_mask: (B, T), as for BertModel.
 
         masked_positions: (B, P) positions to predict; only there are the MLM logits computed. Padding slots
@@ -337,8 +360,9 @@ class BertForPreTraining(nn.Module):
         unmasked position when masked_positions is None (the transformers convention).
         next_sentence_labels: (B,) 0 = B follows A, 1 = B is random (refused without the next-sentence head).
         Without masked_positions the MLM logits cover every position, (B, T, V).
+        token_index (N,): unpadding (model/unpadding.py), as for BertModel.
         """
-        encoded = self.bert(input_ids, token_type_ids, attention_mask)
+        encoded = self.bert(input_ids, token_type_ids, attention_mask, token_index=token_index)
         hidden = encoded.sequence_output  # (B, T, C)
         if masked_positions is not None:
             # Gather before the head: the transform and the (C x V) projection then run on P instead of T

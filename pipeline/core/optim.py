@@ -63,13 +63,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def clips_under_mixed_precision(trainer: Any) -> bool:
-    """Whether Lightning clips the gradients itself under its mixed-precision plugin (trainer.precision=bf16-mixed or
-    16-mixed, outside DeepSpeed, with gradient_clip_val): it then refuses any optimizer that unscales gradients in its
-    own step ("does not allow for gradient clipping because it performs unscaling of gradients internally"), which
-    torch's fused AdamW declares it does, at the first step."""
+    """Whether Lightning clips the gradients of a GradScaler (trainer.precision=16-mixed, outside DeepSpeed, with
+    gradient_clip_val): it then refuses any optimizer that unscales gradients in its own step ("does not allow for
+    gradient clipping because it performs unscaling of gradients internally"), which torch's fused AdamW declares, at
+    the first step. Under bf16-mixed there is no scaler, and the modules clip themselves (pipeline/core/clipping.py),
+    so fused AdamW trains there."""
     from pytorch_lightning.plugins.precision import MixedPrecision
 
-    return isinstance(trainer.precision_plugin, MixedPrecision) and bool(trainer.gradient_clip_val)
+    return (isinstance(trainer.precision_plugin, MixedPrecision) and trainer.precision_plugin.scaler is not None
+            and bool(trainer.gradient_clip_val))
 
 
 def check_optimizer_config(cfg: Mapping[str, Any]) -> None:
@@ -104,7 +106,7 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = Fa
         # of SST-2: 164 ms against 12 ms a step, bench_finetune.py's setting).
         on_fused_device = all(p.device.type in ("cuda", "cpu") for group in groups for p in group["params"])
         if fused and lightning_clips_amp:
-            raise ValueError("optimizer.fused=true cannot train with trainer.precision=*-mixed and gradient clipping: "
+            raise ValueError("optimizer.fused=true cannot train with trainer.precision=16-mixed and gradient clipping: "
                              "Lightning refuses to clip the gradients of an optimizer that unscales them itself; "
                              "set optimizer.fused=null (the per-tensor kernels there) or trainer.gradient_clip_val=0")
         fused = (on_fused_device and not lightning_clips_amp) if fused is None else bool(fused)

@@ -71,7 +71,9 @@ _PRECISIONS = {
 }
 # What torch.autocast in bf16 needs from DeepSpeed: no module's parameters communicated in bf16 (DeepSpeed's default
 # list, torch.nn.Linear among them, would reduce their gradients in bf16), and fp32 gradient accumulation and
-# communication stated outright.
+# communication stated outright. Under torch_autocast DeepSpeed 0.19.8 takes the reduction dtype from each parameter
+# (its comm_dtype mark, else its own dtype: fp32 here), not from communication_data_type: the all-reduces
+# tests/core/test_zero_reduction.py counts are fp32.
 _AUTOCAST_BF16 = {"torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
 _FP32_GRADIENTS = {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
 
@@ -187,14 +189,17 @@ def offloads_optimizer(strategy: Any) -> bool:
 
 def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val: float | None,
                    micro_batch_size: int, accumulate_grad_batches: int,
-                   accelerator: str = "auto") -> str | pl.strategies.Strategy:
+                   accelerator: str = "auto", world_size: int = 0) -> str | pl.strategies.Strategy:
     """The Lightning strategy for a `conf/training/strategy/*.yaml` config. Pass the same precision, gradient_clip_val
     and accumulate_grad_batches to the Trainer: Lightning sets `gradient_accumulation_steps` in the DeepSpeed config
     itself (from Trainer(accumulate_grad_batches)) and refuses a config that already has it, so it is left out here.
+    world_size: the run's processes, where known (0: not known). strategy=ddp on one process is Lightning's
+    single-device strategy: DDP there has nothing to all-reduce, yet copies every gradient into its buckets and makes
+    a compiled model's graph split at each bucket (Dynamo's DDP optimizer); the checkpoints are the same.
     """
     cfg = _checked_strategy_cfg(strategy_cfg)
     device = resolve_accelerator(accelerator)
-    if cfg["name"] == "auto":
+    if cfg["name"] == "auto" or (cfg["name"] == "ddp" and world_size == 1):
         return "auto"
     if cfg["name"] == "ddp":
         return DDPStrategy(

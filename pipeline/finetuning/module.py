@@ -1,8 +1,10 @@
 """FinetuneModule: a task model (model/heads.py) inside Lightning. Task-agnostic: what differs between tasks (the
 head, turning logits into predictions, the metric) comes from the task's kind and its Task object.
 
-Logged: train/loss and train/lr every trainer.log_every_n_steps steps; after every validation (each epoch end)
-<split>/<metric> for each evaluation split (dev, or dev_matched and dev_mismatched for MNLI) and <split>/loss.
+Logged: train/loss (the mean over the steps since the last log and over the ranks) and train/lr every
+trainer.log_every_n_steps steps, read on the host at those steps only (pipeline/core/step_stats.py); after every
+validation (each epoch end) <split>/<metric> for each evaluation split (dev, or dev_matched and dev_mismatched for
+MNLI) and <split>/loss.
 Evaluation and prediction on several ranks: each rank collects its rows' results, rank 0 gathers them, each row
 once, in row order (pipeline/finetuning/gather.py), and scores them; the other ranks receive the scores. The last
 validation's predictions stay on the module (`evaluations`, on rank 0) for the files finetune() writes;
@@ -21,7 +23,9 @@ import torch
 from model import (IGNORE_INDEX, BertConfig, BertForMultipleChoice, BertForQuestionAnswering,
                    BertForSequenceClassification, BertForTokenClassification)
 from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
+from pipeline.core.clipping import clip_by_norm, clips_itself
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
+from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
 from pipeline.finetuning.gather import rows_on_rank_zero
 from pipeline.finetuning.tasks import get_task
 
@@ -96,6 +100,9 @@ class FinetuneModule(pl.LightningModule):
         self.task_settings = task_settings or {}
         self.evaluations: dict[str, Evaluation] = {}
         self._collected: dict[int, tuple[list[int], list[Any]]] = {}   # dataloader -> (rows, results) of this rank
+        self._losses = StatWindow()                 # [sum of micro-batch losses, micro-batches] since the last log
+        self._losses_copy: HostCopy | None = None
+        self._step_lr = float("nan")
 
     def forward(self, batch: dict[str, torch.Tensor], with_labels: bool = True):
         inputs = {key: batch[key] for key in MODEL_INPUTS}
@@ -103,11 +110,28 @@ class FinetuneModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
-        self.log("train/loss", out.loss.detach(), on_step=True, on_epoch=False, prog_bar=True,
-                 batch_size=len(batch["row"]))
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False,
-                 batch_size=len(batch["row"]))
+        self._losses.add(torch.stack([out.loss.detach().float(), torch.ones((), device=out.loss.device)]))
+        if ends_log_step(self.trainer):
+            self._losses_copy = self._losses.start_copy(lambda s: self.trainer.strategy.reduce(s, reduce_op="sum"))
+            self._step_lr = self.trainer.optimizers[0].param_groups[0]["lr"]   # the rate this step is taken with
         return out.loss
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None) -> None:
+        # bf16-mixed and fp32: clipped here, so that torch's fused AdamW may train (pipeline/core/clipping.py)
+        if not clips_itself(self.trainer):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        clip_by_norm(self.model.parameters(), float(gradient_clip_val))
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Host values only: Lightning reads a prog-bar value back at the end of every later batch too.
+        if self._losses_copy is None:
+            return
+        (loss_sum, batches), self._losses_copy = self._losses_copy.wait(), None
+        self.log("train/loss", loss_sum / batches.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True,
+                 batch_size=len(batch["row"]))
+        self.log("train/lr", torch.tensor(self._step_lr), on_step=True,
+                 on_epoch=False, batch_size=len(batch["row"]))
 
     # -- evaluation: every rank collects its rows' results; rank 0 gathers them (pipeline/finetuning/gather.py) ------
 

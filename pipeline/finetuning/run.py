@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.loggers import build_loggers, finish_wandb, wandb_environment
 from pipeline.core.optim import warmup_steps_of
 from pipeline.core.weights import load_into_task_model
@@ -123,7 +124,7 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
         warnings.filterwarnings("ignore", message=r"Using `DistributedSampler` with the dataloaders")
         loggers = build_loggers(logger_cfg, output_dir, run_config=run_config)
         try:
-            trainer = pl.Trainer(**{"logger": loggers, "callbacks": list(extra_callbacks),
+            trainer = pl.Trainer(**{"logger": loggers, "callbacks": [HostSigtermAgreement(), *extra_callbacks],
                                     "default_root_dir": str(output_dir), "enable_checkpointing": False,
                                     "num_sanity_val_steps": 0, **plan.trainer_cfg})
             started = time.perf_counter()

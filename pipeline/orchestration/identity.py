@@ -34,8 +34,8 @@ NOT_SHAPING = {
     # the recipe, split into passes that fit; padding; cuDNN autotuning); when to validate (it draws nothing from
     # the training RNG) or checkpoint; what is logged and plotted
     "train": ("output_dir", "data.path", "init_from_checkpoint", "ckpt_path", "data.num_workers",
-              "data.verify_checksums", "data.micro_batch_size", "data.pad_to_multiple_of", "trainer.benchmark",
-              "validation.every_n_steps", "callbacks.checkpoint.every_n_train_steps",
+              "data.verify_checksums", "data.micro_batch_size", "data.micro_batch_margin", "data.pad_to_multiple_of",
+              "trainer.benchmark", "validation.every_n_steps", "callbacks.checkpoint.every_n_train_steps",
               "callbacks.checkpoint.save_last", "callbacks.throughput", *_LOGGING, *_DEVICES),
     "finetune": ("output_dir", "init", "data.cache_dir", "data.num_workers", "data.eval_batch_size",
                  "data.pad_to_multiple_of", *_LOGGING, *_DEVICES),

@@ -16,7 +16,9 @@ from pipeline.core import app
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core import devices
 from pipeline.core.devices import batch_split, is_first_process
+from pipeline.core.fp8 import check_fp8_settings
 from pipeline.core.loggers import check_logger_config
+from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
 from pipeline.core.optim import check_optimizer_config, warmup_steps_of
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
@@ -33,7 +35,9 @@ def model_config_of(cfg: DictConfig) -> BertConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
-    fields.pop("compile", None)          # how the encoder runs (torch.compile), not what it is
+    for how_it_runs in ("compile", "cuda_graphs"):   # torch.compile and CUDA graphs: how the model runs, not what it is
+        fields.pop(how_it_runs, None)
+    fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
     return BertConfig.from_preset(name, **fields)
@@ -159,7 +163,8 @@ class RunShape:
     model_config: BertConfig
     trainer_cfg: dict[str, Any]
     world_size: int
-    micro_batch_size: int        # sequences per forward/backward pass on each process (at most data.micro_batch_size)
+    micro_batch_size: int        # sequences per forward/backward pass on each process (at most data.micro_batch_size;
+                                 # with auto, the whole per-process batch: the run's start sizes the pass to the card)
     accumulation: int            # micro-batches per optimizer step on each process
     max_steps: int
     schedule_steps: int
@@ -170,7 +175,8 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     """Every check of a pre-training config that needs neither files nor devices, at `world_size` processes
     (default: what the trainer config gives on this machine): the model, the global batch over the processes and
     its split into micro-batches, the schedule, the strategy with the optimizer and the precision, the sequence
-    length against the model's positions, a phase-2 start without weights to start from, the W&B mode and key. The
+    length against the model's positions, FP8 against the accelerator and torchao (the card is checked at the run's
+    start: pipeline/core/fp8.py), a phase-2 start without weights to start from, the W&B mode and key. The
     workflow runs it for each pre-training stage at the shape the stage declares, before anything is submitted."""
     model_config = model_config_of(cfg)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -179,12 +185,12 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
             raise ValueError(f"trainer.{key} is set by train() (accumulate_grad_batches from "
                              "data.global_batch_size, strategy from the strategy group); remove it")
     world = world_size if world_size is not None else devices.world_size(trainer_cfg)
-    micro_batch_size, accumulation = batch_split(int(cfg.data.global_batch_size), int(cfg.data.micro_batch_size),
-                                                 world)
-    if micro_batch_size < int(cfg.data.micro_batch_size):
+    most = most_per_pass(cfg.data, int(cfg.data.global_batch_size), world)   # auto: the per-process batch
+    micro_batch_size, accumulation = batch_split(int(cfg.data.global_batch_size), most, world)
+    if micro_batch_size < most:
         log.info("micro-batch %d x accumulation %d per process: %d sequences per step over %d processes "
                  "(data.micro_batch_size=%d is the most per pass)", micro_batch_size, accumulation,
-                 int(cfg.data.global_batch_size), world, int(cfg.data.micro_batch_size))
+                 int(cfg.data.global_batch_size), world, most)
     max_steps = int(trainer_cfg.get("max_steps", -1))
     if max_steps < 1 and not trainer_cfg.get("fast_dev_run"):
         raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), got {max_steps}")
@@ -197,6 +203,8 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_strategy_and_optimizer(cfg)
     check_export(cfg)
     check_compile(cfg)
+    if cfg.model.get("fp8"):
+        check_fp8_settings(trainer_cfg.get("accelerator", "auto"))   # the card itself is checked at the run's start
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
                           accumulate_grad_batches=accumulation)
@@ -218,8 +226,7 @@ class PretrainChecks:
         self.output_dir = app.output_dir(cfg, "train")
         shape = preflight(cfg)
         self.model_config, self.trainer_cfg, self.world_size = shape.model_config, shape.trainer_cfg, shape.world_size
-        self.micro_batch_size, self.accumulation, self.max_steps = (shape.micro_batch_size, shape.accumulation,
-                                                                    shape.max_steps)
+        self.max_steps = shape.max_steps
         self.schedule_steps, self.warmup_steps = shape.schedule_steps, shape.warmup_steps
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
         if self.ckpt_path in ("last", "auto"):   # auto: resume if the run has a checkpoint, else start (the workflow)
@@ -227,6 +234,10 @@ class PretrainChecks:
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
+        # data.micro_batch_size=auto: a resume's record, or the CPU rule, or provisional until the probe at setup
+        self.micro_batch = plan_micro_batch(cfg.data, self.trainer_cfg, self.world_size, self.output_dir,
+                                            resume_from=self.ckpt_path)
+        self.micro_batch_size, self.accumulation = self.micro_batch.size, self.micro_batch.accumulation
         self.init_from = _optional_path(cfg, "init_from_checkpoint")
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "

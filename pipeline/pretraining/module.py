@@ -7,7 +7,9 @@ last log):
     (no nsp metrics for the MLM-only objective: a model without the next-sentence head)
     train/lr                                     the rate of the step's first parameter group
     train/grad_norm                              total 2-norm of the gradients before clipping
-Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers).
+Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers); the
+values reach the host at log steps only (pipeline/core/step_stats.py), and Lightning is handed host values: a
+device value logged once is read back by Lightning at the end of every later batch.
 With a held-out set (validation.path), at every validation, over all of its batches and ranks:
     val/mlm_loss, val/nsp_loss                   means per masked token / per sequence
     val/mlm_acc, val/nsp_acc, val/loss           accuracies; val/loss = val/mlm_loss + val/nsp_loss
@@ -34,7 +36,9 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from model import BertConfig, BertForPreTraining
+from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
+from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
 from pipeline.core.strategies import offloads_optimizer
 
 RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
@@ -57,7 +61,10 @@ class BertPretrainingModule(pl.LightningModule):
         self.save_hyperparameters()
         self.config = BertConfig(**model_config)
         self.model = BertForPreTraining(self.config, next_sentence_prediction=next_sentence_prediction)
-        self._window: torch.Tensor | None = None   # per-log-window sums, see _LOSS_SLOTS
+        self._window = StatWindow()                 # per-log-window sums, see _LOSS_SLOTS
+        self._window_copy: HostCopy | None = None   # a log step's window sums, on their way to the host
+        self._grad_norm_copy: HostCopy | None = None
+        self._step_lr = float("nan")
         self._val_sums: torch.Tensor | None = None  # [mlm loss sum, mlm total, mlm correct, nsp ...] of a validation
         self._pending_rng: dict[str, Any] | None = None
         self._grad_norm_from_engine = False
@@ -77,9 +84,11 @@ class BertPretrainingModule(pl.LightningModule):
         sums = torch.stack([out.loss.detach().float(), out.mlm_loss.detach().float(), nsp_loss,
                             torch.ones((), device=out.loss.device), out.mlm_correct.float(), out.mlm_total.float(),
                             nsp_correct, nsp_total])
-        self._window = sums if self._window is None else self._window + sums
-        if self._is_step_boundary() and self._is_log_step():
-            self._log_window()
+        self._window.add(sums)
+        if ends_log_step(self.trainer):
+            # Queued now, read at the batch end (_log_window): the backward and the optimizer step queue behind it.
+            self._window_copy = self._window.start_copy(lambda s: self.trainer.strategy.reduce(s, reduce_op="sum"))
+            self._step_lr = self._current_lr()   # the rate this step is taken with (the scheduler steps before we log)
         return self._loss_for_backward(out.loss)
 
     def _overfit_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -99,25 +108,14 @@ class BertPretrainingModule(pl.LightningModule):
             return loss * accumulation
         return loss
 
-    def _is_step_boundary(self) -> bool:
-        """True on the last micro-batch of an optimizer step (Lightning's own test, incl. the epoch's last batch)."""
-        return not self.trainer.fit_loop._should_accumulate()
-
-    def _is_log_step(self) -> bool:
-        """Whether Lightning writes the loggers after the current step (its should_update_logs, for the step about
-        to complete: global_step counts the steps already done)."""
-        every = self.trainer.log_every_n_steps
-        return bool(every) and (self.trainer.global_step + 1) % every == 0 or bool(self.trainer.fast_dev_run)
-
     def _log_window(self) -> None:
-        sums = self.trainer.strategy.reduce(self._window, reduce_op="sum")
-        self._window = None
+        sums, self._window_copy = self._window_copy.wait(), None   # host values (already summed over the ranks)
         micro_batches = sums[3].clamp(min=1)
         loss, mlm_loss, nsp_loss = (sums[_LOSS_SLOTS] / micro_batches).unbind()
         metrics = {
             "train/loss": loss, "train/mlm_loss": mlm_loss, "train/nsp_loss": nsp_loss,
             "train/mlm_acc": sums[4] / sums[5].clamp(min=1), "train/nsp_acc": sums[6] / sums[7].clamp(min=1),
-            "train/lr": torch.tensor(self._current_lr()),
+            "train/lr": torch.tensor(self._step_lr),
         }
         if not self.model.next_sentence_prediction:
             del metrics["train/nsp_loss"], metrics["train/nsp_acc"]
@@ -130,18 +128,33 @@ class BertPretrainingModule(pl.LightningModule):
         return float(optimizers[0].param_groups[0]["lr"]) if optimizers else float("nan")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # Called after the (unscaled) gradients are complete and before Lightning clips them. With DeepSpeed it
-        # is called on every micro-batch and the gradients are ZeRO partitions: the engine's norm is logged instead.
-        if not (self._is_step_boundary() and self._is_log_step()):
+        # Called after the (unscaled) gradients are complete and before they are clipped. With DeepSpeed it is
+        # called on every micro-batch and the gradients are ZeRO partitions: the engine's norm is logged instead.
+        # Where the module clips, the clipping's own norm is logged (configure_gradient_clipping).
+        if not ends_log_step(self.trainer) or clips_itself(self.trainer):
             return
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         if not grads:
             self._grad_norm_from_engine = True
             return
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-        self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, dtype=torch.float32)))
+        self._grad_norm_copy = HostCopy(norm)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None) -> None:
+        if not clips_itself(self.trainer):   # 16-mixed (a GradScaler to unscale first) or DeepSpeed: Lightning's way
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        norm = clip_by_norm(self.model.parameters(), float(gradient_clip_val))   # pipeline/core/clipping.py
+        if ends_log_step(self.trainer):
+            self._grad_norm_copy = HostCopy(norm)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Lightning writes the loggers after this hook, at the end of the log step's last micro-batch.
+        if self._window_copy is not None:
+            self._log_window()
+        if self._grad_norm_copy is not None:
+            norm, self._grad_norm_copy = self._grad_norm_copy.wait(), None
+            self.log("train/grad_norm", norm, on_step=True, on_epoch=False)
         if self._grad_norm_from_engine:
             self._grad_norm_from_engine = False
             engine = getattr(self.trainer.strategy, "deepspeed_engine", None)
@@ -179,7 +192,10 @@ class BertPretrainingModule(pl.LightningModule):
         # gradient (1.3 GB for BERT-Large). Zeroed in place, they stay the bucket views.
         model = getattr(self.trainer.strategy, "model", None)
         bucket_views = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.gradient_as_bucket_view
-        optimizer.zero_grad(set_to_none=not bucket_views)
+        if bucket_views:
+            zero_gradients(self.model.parameters())   # one multi-tensor kernel, not one per parameter
+        else:
+            optimizer.zero_grad(set_to_none=True)
 
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.

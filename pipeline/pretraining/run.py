@@ -23,13 +23,16 @@ from pytorch_lightning.strategies import DeepSpeedStrategy
 
 from model import BertForPreTraining
 from pipeline.core.callbacks.progress import StepProgressBar
+from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.callbacks.throughput import ThroughputMonitor
 from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
+from pipeline.core.fp8 import apply_fp8
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
 from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
 from pipeline.core.strategies import build_strategy
 from pipeline.core.weights import CHECKPOINT_DIR, load_pretraining_weights
 from pipeline.pretraining.checks import PretrainChecks
+from pipeline.pretraining.compiled import apply_compile_settings, fixed_width_padding
 from pipeline.pretraining.data.datamodule import PretrainingDataModule
 from pipeline.pretraining.export import export_model, plot_pretraining_curves
 from pipeline.pretraining.module import BertPretrainingModule
@@ -51,6 +54,7 @@ def _build_callbacks(cfg: DictConfig, checkpoint_dir: Path, progress_bar: bool
         ThroughputMonitor(log_every_n_steps=int(throughput.get("log_every_n_steps") or 10),
                           peak_flops=throughput.get("peak_flops")),
         checkpoint,
+        HostSigtermAgreement(),   # Lightning's per-micro-batch SIGTERM broadcast, on the host at step boundaries
     ]
     if progress_bar:
         callbacks.append(StepProgressBar())
@@ -61,7 +65,7 @@ def _build_strategy(cfg: DictConfig, plan: PretrainChecks):
     return build_strategy(cfg.strategy, precision=str(plan.trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=plan.trainer_cfg.get("gradient_clip_val"),
                           micro_batch_size=plan.micro_batch_size, accumulate_grad_batches=plan.accumulation,
-                          accelerator=str(plan.trainer_cfg.get("accelerator", "auto")))
+                          accelerator=str(plan.trainer_cfg.get("accelerator", "auto")), world_size=plan.world_size)
 
 
 def _checkpoint_plugins(strategy) -> list:
@@ -103,15 +107,16 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         path=str(cfg.data.path), max_seq_length=int(cfg.data.max_seq_length),
         vocab_size=plan.model_config.vocab_size, micro_batch_size=plan.micro_batch_size,
         num_workers=int(cfg.data.get("num_workers", 1)), seed=int(cfg.seed),
-        pad_to_multiple_of=int(cfg.data.get("pad_to_multiple_of", 8)),
-        val_path=(cfg.get("validation") or {}).get("path"))
+        pad_to_multiple_of=fixed_width_padding(cfg.data, cfg.model),
+        val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)))
     module = BertPretrainingModule(
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
         max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed),
         next_sentence_prediction=plan.shard_set.has_next_sentence_labels)   # the objective: the manifest's word
-    if cfg.model.get("compile"):
-        module.model.bert.compile()   # in place: the parameters and their checkpoint names stay the module's own
+    if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
+        apply_fp8(module.model)   # refuses a device without FP8 first
+    apply_compile_settings(module.model, cfg.model)   # model.compile: the whole model, in place (names unchanged)
     if plan.init_from is not None and plan.ckpt_path is None:
         load_pretraining_weights(module.model, plan.init_from)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
@@ -119,6 +124,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
     run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks, checkpoint_callback = _build_callbacks(cfg, checkpoint_dir,
                                                       bool(plan.trainer_cfg.get("enable_progress_bar", True)))
+    # First: data.micro_batch_size=auto sizes the pass at setup, before any other hook, loader or strategy reads it
+    callbacks.insert(0, plan.micro_batch.callback())
     if requeue_request is not None:
         callbacks.append(RequeueOnSignal(requeue_request, checkpoint_dir))
     requeued: RequeueRequested | None = None

@@ -52,10 +52,15 @@ def test_cpu_rehearsal_runs_every_row(benchmark_script, tmp_path, torch_extensio
     done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path),
                             TORCH_EXTENSIONS_DIR=torch_extensions_dir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    table = (tmp_path / "gpu_check.md").read_text()
-    assert table.strip() in done.stdout
-    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in table.splitlines() if re.match(r"\| (pretrain|finetune)-", line)}
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert text.strip() in done.stdout
+    table, profiles = text.split("One optimizer step of each run, profiled (step 2):")
+
+    def cells_by_row(part: str) -> dict[str, list[str]]:
+        return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+                for line in part.splitlines() if re.match(r"\| (pretrain|finetune)-", line)}
+
+    rows = cells_by_row(table)
     assert set(rows) == {"pretrain-128-ddp", "pretrain-128-deepspeed_stage_2", "pretrain-512-ddp",
                          "pretrain-512-deepspeed_stage_2", "finetune-sst2"}
     for name, cells in rows.items():
@@ -67,6 +72,12 @@ def test_cpu_rehearsal_runs_every_row(benchmark_script, tmp_path, torch_extensio
     assert rows["pretrain-128-ddp"][3] == "lamb" and rows["pretrain-128-deepspeed_stage_2"][3] == "adamw"
     assert rows["pretrain-512-ddp"][1] == "512"
     assert "precision bf16-mixed" in table and "not measured here" in table
+    # where step 2 of each row spent its time (benchmarks/gpu_step_profile.py): on the CPU, its operators by class
+    profiled = cells_by_row(profiles)
+    assert set(profiled) == set(rows)
+    for name, (busy, launches, syncs, by_class) in profiled.items():
+        assert (busy, launches, syncs) == ("n/a", "n/a", "n/a"), name
+        assert "matmul" in by_class and by_class.endswith("(CPU operators)"), name
 
 
 @pytest.mark.slow
@@ -76,7 +87,8 @@ def test_a_row_that_cannot_run_says_why_and_the_check_goes_on(benchmark_script, 
     done = benchmark_script("gpu_check.py", "--cpu", "--workdir", str(tmp_path), "--shards-128",
                             str(tmp_path / "no_shards"), "--only", "pretrain-128-ddp", "finetune-sst2")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "gpu_check.md").read_text().splitlines()
+    table = (tmp_path / "gpu_check.md").read_text().split("profiled (step 2)")[0]
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()
             if re.match(r"\| (pretrain|finetune)-", line)}
     assert set(rows) == {"pretrain-128-ddp", "finetune-sst2"}
     assert re.search(r"not run: FileNotFoundError: no shard set at .*shards128", rows["pretrain-128-ddp"])

@@ -9,8 +9,10 @@ import pytest
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
+    """The comparison table's rows (not the profile table after it)."""
+    table = text.split("profiled:")[0]
     return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in text.splitlines() if re.match(r"\| (baseline|workers|compiled)", line)}
+            for line in table.splitlines() if re.match(r"\| (baseline|workers|compiled)", line)}
 
 
 @pytest.mark.slow
@@ -43,8 +45,29 @@ def test_variants_run_beside_the_baseline_in_rotated_rounds(benchmark_script, be
     assert rows["baseline"][4] == "1 (the baseline)" and mfu == "n/a" and memory.endswith("GiB")
 
 
+@pytest.mark.slow
+def test_the_levers_rehearse_on_the_cpu_with_a_profile_of_each(benchmark_script, benchmarks_importable, tmp_path,
+                                                                 torch_extensions_dir):
+    """The default variants (issue 35's levers) at tiny sizes, one round: every lever that runs without a GPU runs
+    and gets its row and its profiled step; FP8 and CUDA graphs are the GPU's only."""
+    from gpu_variants import GPU_ONLY, LEVERS
+
+    done = benchmark_script("gpu_variants.py", "--cpu", "--workdir", str(tmp_path),
+                            TORCH_EXTENSIONS_DIR=torch_extensions_dir)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = (tmp_path / "gpu_variants.md").read_text()
+    table, profiles = text.split("Step 2 of each variant's first run, profiled:")
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| variant |")]
+    assert [row[0] for row in rows] == ["baseline", *(name for name in LEVERS if name not in GPU_ONLY)]
+    assert all(row[2] == "1" for row in rows), rows                # each ran once
+    names = [row[0] for row in rows]
+    profiled = [line for line in profiles.splitlines() if line.startswith("| ") and "CPU operators" in line]
+    assert len(profiled) == len(names) and all("matmul" in line for line in profiled)
+
+
 def test_a_spent_budget_starts_no_run_and_still_writes_the_table(benchmark_script, tmp_path):
-    done = benchmark_script("gpu_variants.py", "--cpu", "--budget", "0", "--workdir", str(tmp_path),
+    done = benchmark_script("gpu_variants.py", "--cpu", "--budget", "0", "--rounds", "2", "--workdir", str(tmp_path),
                             "--shards-128", str(tmp_path / "given"), "--variant", "compiled=model.compile=true")
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     rows = table_rows((tmp_path / "gpu_variants.md").read_text())

@@ -20,8 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STRATEGY_DIR = TRAINING_CONFIGS / "strategy"
 
 
+# ZeRO-1/2's reduction bucket (deepspeed_stage_1.yaml): 5e7 elements, ZeRO-3 keeps common.yaml's 2e8
 _BUCKETS = {"allgather_partitions": True, "allgather_bucket_size": 200000000, "reduce_scatter": True,
-            "reduce_bucket_size": 200000000, "overlap_comm": True, "contiguous_gradients": True}
+            "reduce_bucket_size": 50000000, "overlap_comm": True, "contiguous_gradients": True}
 _STAGE_3 = {"stage": 3, "reduce_scatter": True, "reduce_bucket_size": 200000000, "overlap_comm": True,
             "contiguous_gradients": True, "sub_group_size": 1000000000000,
             "stage3_prefetch_bucket_size": 50000000, "stage3_param_persistence_threshold": 100000,

@@ -113,6 +113,23 @@ def test_encoder_outputs(batch_factory):
         model(torch.zeros(1, config.max_position_embeddings + 1, dtype=torch.long))
 
 
+def test_the_residual_stream_is_bf16_under_bf16_autocast_and_fp32_without(batch_factory):
+    """Issue 35, item 4: autocast's LayerNorm returns fp32; the stream between the blocks is cast back to bf16, so the
+    blocks' outputs (and the activations saved from them) are half the bytes. The losses stay fp32."""
+    model = BertForPreTraining(tiny_config()).train()
+    batch = batch_factory(VOCAB)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        states = model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                            output_hidden_states=True).hidden_states
+        out = model(**pretraining_inputs(batch))
+    assert {state.dtype for state in states} == {torch.bfloat16}
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+    states = model.bert(batch["input_ids"], output_hidden_states=True).hidden_states
+    assert {state.dtype for state in states} == {torch.float32}
+
+
 def test_initialisation():
     config = tiny_config()
     model = BertForPreTraining(config)

@@ -28,7 +28,8 @@ def test_every_experiment_passes_preflight_at_its_cluster_shapes(name, nodes, mo
     cfg = compose("train", overrides)
     shape = preflight(cfg, world_size=8 * nodes)
     assert shape.micro_batch_size * shape.accumulation * 8 * nodes == cfg.data.global_batch_size
-    assert shape.micro_batch_size <= cfg.data.micro_batch_size
+    most = cfg.data.micro_batch_size   # auto: the whole per-process batch before the run's start sizes the pass
+    assert shape.micro_batch_size <= (cfg.data.global_batch_size // (8 * nodes) if most == "auto" else most)
     assert shape.trainer_cfg["precision"] == "bf16-mixed"
 
 

@@ -7,6 +7,10 @@ The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
   masked_positions, masked_lm_labels          (B, P), P = max_predictions_per_seq; padding slots hold
                                               position 0 and label -100 (ignored by the loss)
   next_sentence_labels                        (B,), 1 = B is random; absent for MLM-only sets (no NSP)
+  token_index                                 (N,) with unpad=True, where a batch has an attention_mask: the flat
+                                              indices b * T + t of the real tokens, row by row, then of the first
+                                              padding positions up to a rounded N (below); the model's layers
+                                              compute on these only (model/unpadding.py)
 Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
 the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
 masked the same way whatever batch, worker or rank it lands in, and differently every epoch. Because a row's
@@ -15,7 +19,11 @@ per-call numpy overhead of mask_batch is then shared by 64 batches, which makes 
 and collates them like static rows; unmasked rows given to the collator are masked per batch, with the same
 result.
 
-A batch whose rows all fill its width has no attention_mask: the model then passes no mask to
+Fixed shapes: pad_to_multiple_of >= max_seq_length pads every batch to max_seq_length and always gives the
+attention_mask, so that every batch of a phase has one shape (what model.compile's single graph and CUDA graphs
+need: pipeline/pretraining/run.py sets it there). The padding is masked, so the losses are those of narrower batches.
+
+Otherwise, a batch whose rows all fill its width has no attention_mask: the model then passes no mask to
 scaled_dot_product_attention, which can take its flash kernel only without one (any mask, even all ones, sends it to
 the memory-efficient or math kernel). Decided here, on the host, from the rows' lengths: the model would need a
 device-to-host read (mask.all()) to find out. It applies to small micro-batches only: on the bundled sample (seq
@@ -24,11 +32,23 @@ of the documents, and a document's last instance is often short), and 17% of ran
 padding, 0.06% of 32, none of 64. Larger batches would need unpadding for the flash kernel, and torch 2.13's varlen
 attention (torch.nn.attention.varlen.varlen_attn, CUDA only) has no dropout, which BERT's attention trains with.
 
+Unpadding (unpad=True): the collator knows each row's length, so the model gets the real tokens' indices without
+reading the mask on the device, and N, a shape, is known to the host. N is rounded up (at most to B * T) to a
+multiple of 16 and of pad_to_multiple_of, the granularity of the shapes the model runs at. 16: FP8 training
+(model.fp8) contracts over the tokens in its weight gradients, and torch._scaled_mm on CUDA takes no dimension there
+that is not a multiple of 16; at most 15 padding tokens computed. Under the fixed width of a compiled model,
+max_seq_length, i.e. whole rows, since every distinct N is a graph there (dynamic=False; torch keeps 8 graphs of
+a function, then runs it eagerly): with 30% of the rows of random length (~15% padding at seq 512), whole rows give
+about 4 common N for 8 rows a pass, 8 for 32 and 12 for 64, where multiples of 128 give 14, 27 and 36 (simulated),
+for half a row of padding per pass on average. The padding positions added compute what the padded model computes
+there, unread.
+
 Everything is whole-array numpy: gathers with (B, T) index arrays, no loop over rows.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -40,6 +60,7 @@ from pipeline.pretraining.data.rows import Rows, concat
 from pipeline.pretraining.data.shard_set import ShardSet
 
 MASK_CHUNK_ROWS = 8192   # at most this many rows per mask_batch call: bounds its (rows, seq) temporaries
+FP8_TOKEN_MULTIPLE = 16  # an unpadded batch's token count is a multiple of this (see the module docstring)
 
 
 def dynamic_masking_seeds(seed: int, epoch: int, row_index: np.ndarray) -> np.ndarray:
@@ -60,7 +81,7 @@ class PretrainingCollator:
     def __init__(self, *, max_seq_length: int, max_predictions_per_seq: int, pad_id: int, masking: str,
                  masking_config: MaskingConfig | None = None, masking_vocab: MaskingVocab | None = None,
                  seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False,
-                 next_sentence_labels: bool = True):
+                 next_sentence_labels: bool = True, unpad: bool = False):
         if masking not in ("static", "dynamic"):
             raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
         if masking == "dynamic" and (masking_config is None or masking_vocab is None):
@@ -68,6 +89,7 @@ class PretrainingCollator:
         if pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
         self.max_seq_length = max_seq_length
+        self.fixed_width = pad_to_multiple_of >= max_seq_length   # every batch max_seq_length wide, always masked
         self.max_predictions_per_seq = max_predictions_per_seq
         self.pad_id = pad_id
         self.masking = masking
@@ -77,6 +99,7 @@ class PretrainingCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.return_row_index = return_row_index   # adds "row_index" (B,): for tests and debugging only
         self.next_sentence_labels = next_sentence_labels
+        self.unpad = unpad   # adds "token_index" to padded batches (see the module docstring)
 
     @classmethod
     def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> "PretrainingCollator":
@@ -148,11 +171,23 @@ class PretrainingCollator:
         }
         if self.next_sentence_labels:
             batch["next_sentence_labels"] = rows.next_sentence_label
-        if is_token.all():   # no row is padded: no mask (see the module docstring)
+        if is_token.all() and not self.fixed_width:   # no row is padded: no mask (see the module docstring)
             del batch["attention_mask"]
+        if self.unpad and "attention_mask" in batch:
+            multiple = math.lcm(FP8_TOKEN_MULTIPLE, min(self.pad_to_multiple_of, width))
+            batch["token_index"] = unpadded_token_index(is_token, multiple)
         if self.return_row_index:
             batch["row_index"] = rows.row_index
         return {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in batch.items()}
+
+
+def unpadded_token_index(is_token: np.ndarray, multiple: int) -> np.ndarray:
+    """(N,) flat indices into the (B, T) batch: its real tokens' (is_token) in row order, then as many of its first
+    padding positions as make N a multiple of `multiple`, or B * T, whichever is less. No index twice."""
+    flat = is_token.ravel()
+    real = np.flatnonzero(flat)
+    size = min(-(-len(real) // multiple) * multiple, flat.size)
+    return np.concatenate([real, np.flatnonzero(~flat)[:size - len(real)]])
 
 
 def _gather_padded(values: np.ndarray, starts: np.ndarray, valid: np.ndarray, fill: int,

@@ -9,6 +9,8 @@
 - state_dict() goes into every Lightning checkpoint: the epoch and how many batches of it this rank has
   consumed, with the layout. A fit resumed from that checkpoint continues with exactly the batch after the
   last one trained. Resume with the same world size, num_workers and micro_batch_size (a warning otherwise).
+- unpad=True: padded batches carry the indices of their real tokens, on which the model's layers then compute
+  (collator.py, model/unpadding.py); validation batches too.
 - val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
   share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
   training loader use: a run with validation trains, and resumes, exactly as one without.
@@ -45,7 +47,7 @@ warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` 
 
 class PretrainingDataModule(pl.LightningDataModule):
     def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
-                 seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None):
+                 seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None, unpad: bool = False):
         super().__init__()
         self.path = str(path)
         self.val_path = str(val_path) if val_path else None
@@ -55,6 +57,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.unpad = unpad
         self.shard_set: ShardSet | None = None
         self.val_shard_set: ShardSet | None = None
         self.shuffle_plan = epoch_plan.SHUFFLE_PLAN    # a resumed run's: its checkpoint's (load_state_dict)
@@ -76,7 +79,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         rank, world_size = self._rank_and_world_size()
         dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=self.num_workers, seed=self.seed,
-                                     pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan)
+                                     pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan,
+                                     unpad=self.unpad)
         self._batches_per_epoch = len(dataset)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
@@ -88,7 +92,8 @@ class PretrainingDataModule(pl.LightningDataModule):
             return []
         rank, world_size = self._rank_and_world_size()
         dataset = PretrainingDataset(self.val_shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
-                                     num_workers=0, seed=self.seed, pad_to_multiple_of=self.pad_to_multiple_of)
+                                     num_workers=0, seed=self.seed, pad_to_multiple_of=self.pad_to_multiple_of,
+                                     unpad=self.unpad)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, lambda: (0, 0), pin_memory=pin_memory_default(device),
                                      generator=torch.Generator().manual_seed(self.seed))

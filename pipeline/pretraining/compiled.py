@@ -1,0 +1,57 @@
+"""model.compile=true: the whole pre-training model, encoder, heads and losses, as one torch.compile graph.
+
+- Scope: BertForPreTraining.compile(), in place (its parameters, hence the checkpoint names, stay the module's own),
+  so the MLM gather, the heads, the cross-entropy and its hand-written backward (model/bert.py) are in the graph with
+  the encoder; fullgraph=True makes a graph break an error rather than a silent split into eager pieces.
+- Shapes: one graph per sequence length (dynamic=False). The collator pads every batch to max_seq_length and always
+  gives the attention mask when pad_to_multiple_of >= max_seq_length (pipeline/pretraining/data/collator.py), which
+  `fixed_width_padding` sets for a compiled run; the masked positions are max_predictions_per_seq wide already. A
+  batch of another shape would compile a second graph (and, past torch's recompile limit, run eagerly): the tests
+  count the graphs.
+- CUDA graphs: model.cuda_graphs=true compiles with mode="reduce-overhead" (inductor's CUDA graph trees), which the
+  static shapes above allow: the step's hundreds of kernel launches replayed as one. Off by default: it keeps the
+  graph's inputs and outputs in a static memory pool (more memory), and on the CPU it does nothing.
+- Fusion (benchmarks/fusion_report.py reads the code inductor generates; measured on the CPU, 2026-11-27): the
+  forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert.py's residual_stream) become
+  one kernel per block, GELU one with the bf16 cast after it, the backward's LayerNorm-backward + dropout-backward +
+  GELU-backward likewise, and each loss (log-softmax, the label gather, argmax, the masked sum) one kernel; the
+  biases go into the matmuls (addmm), and the matmuls (mm, addmm, bmm) and, on a GPU, SDPA stay library kernels.
+  What is left by hand is nothing the issue names; a GELU inside the matmul's epilogue would need inductor's
+  max-autotune matmul templates (a GPU measurement, not made).
+- Numerics: inductor fuses the element-wise work and reorders float sums; the eager path keeps its exact parity
+  with transformers, the compiled one is within rel 1e-5 of it on the CPU in fp32 with eager's random numbers
+  (tests/pretraining/test_attention_paths.py, test_compiled_model.py).
+- DDP: with several GPUs, Dynamo's DDP optimizer splits the graph at DDP's bucket boundaries so that the
+  all-reduce of one bucket overlaps the backward of the next (by design). On one device there is no DDP at all
+  (pipeline/core/strategies.py: strategy=ddp on one process builds the single-device strategy), so no split.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger("pipeline.pretraining")
+
+
+def compile_mode(model_cfg: Any) -> str:
+    return "reduce-overhead" if model_cfg.get("cuda_graphs") else "default"
+
+
+def fixed_width_padding(data_cfg: Any, model_cfg: Any) -> int:
+    """The collator's pad_to_multiple_of: the data config's, or max_seq_length for a compiled model (one shape)."""
+    multiple = int(data_cfg.get("pad_to_multiple_of", 8))
+    if model_cfg.get("compile") and multiple < int(data_cfg.max_seq_length):
+        log.info("model.compile=true: every batch padded to data.max_seq_length=%d (one compiled graph; the padding "
+                 "is masked out)", int(data_cfg.max_seq_length))
+        return int(data_cfg.max_seq_length)
+    return multiple
+
+
+def apply_compile_settings(model: torch.nn.Module, model_cfg: Any) -> None:
+    """model.compile: compile `model` (a BertForPreTraining) in place, whole, as described above; else nothing."""
+    if model_cfg.get("cuda_graphs") and not model_cfg.get("compile"):
+        raise ValueError("model.cuda_graphs=true replays the compiled graph: set model.compile=true too")
+    if model_cfg.get("compile"):
+        model.compile(fullgraph=True, dynamic=False, mode=compile_mode(model_cfg))

@@ -1,0 +1,64 @@
+"""model.compile=true compiles the whole pre-training model, encoder, heads and losses, as one graph per sequence
+length (issue 35, item 3): the real train() on real shards, with a graph-counting backend in place of inductor
+(the graphs are what Dynamo hands any backend); and strategy=ddp on one process is no DDP at all."""
+from __future__ import annotations
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from pipeline.core.app import compose
+
+
+class RecordBatches(pl.Callback):
+    def __init__(self):
+        self.shapes: list[tuple[int, ...]] = []
+        self.masked: list[bool] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.shapes.append(tuple(batch["input_ids"].shape))
+        self.masked.append("attention_mask" in batch)
+        self.strategy = type(trainer.strategy).__name__
+
+
+def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_length(small_shards, tmp_path,
+                                                                                   tiny_overrides, monkeypatch):
+    graphs: list[torch.fx.GraphModule] = []
+    compile_calls: list[dict] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    original = torch.nn.Module.compile
+
+    def compile_counting(self, *args, **kwargs):
+        compile_calls.append({"module": type(self).__name__, **kwargs})
+        original(self, fullgraph=kwargs["fullgraph"], dynamic=kwargs["dynamic"], backend=counting_backend)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    from pipeline.pretraining.run import train
+
+    record = RecordBatches()
+    train(compose("train", [*tiny_overrides(small_shards, tmp_path / "run", 3), "model.compile=true",
+                            "data.pad_to_multiple_of=8", "strategy=ddp", "export.hf=false", "export.plot=false",
+                            "callbacks.checkpoint.every_n_train_steps=0"]), extra_callbacks=[record])
+    assert compile_calls == [{"module": "BertForPreTraining", "fullgraph": True, "dynamic": False, "mode": "default"}]
+    assert set(record.shapes) == {(4, 128)} and all(record.masked)     # fixed width, always masked: one shape
+    assert len(graphs) == 1                                              # 6 micro-batches, one graph
+    assert not torch._dynamo.utils.counters["graph_break"]
+    # the heads and losses are in the graph: the MLM gather, and both cross-entropies (model/bert.py's autograd
+    # Function, its forward and its hand-written backward as subgraphs)
+    targets = {str(node.target) for node in graphs[0].graph.nodes}
+    assert any("gather" in t for t in targets) and {"autograd_function_apply", "argmax"} <= targets
+    assert {"fwd_body_0", "bwd_body_0", "fwd_body_1", "bwd_body_1"} <= targets
+    assert record.strategy == "SingleDeviceStrategy"                     # strategy=ddp on one process: no DDP
+
+
+def test_cuda_graphs_without_compile_is_refused(small_shards, tmp_path, tiny_overrides):
+    from pipeline.pretraining.run import train
+
+    with pytest.raises(ValueError, match="model.cuda_graphs=true replays the compiled graph: set model.compile=true"):
+        train(compose("train", [*tiny_overrides(small_shards, tmp_path / "run", 3), "model.cuda_graphs=true"]))
