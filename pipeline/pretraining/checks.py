@@ -108,7 +108,10 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
 
 def check_compile(cfg: DictConfig) -> None:
     """model.compile under ZeRO-3: refused. ZeRO-3 gathers each module's parameters in forward hooks, which
-    torch.compile of the encoder would have to trace through (DeepSpeed compiles its own engine for that)."""
+    torch.compile of the encoder would have to trace through (DeepSpeed compiles its own engine for that). And
+    model.cuda_graphs without model.compile: there is no compiled graph to replay."""
+    if cfg.model.get("cuda_graphs") and not cfg.model.get("compile"):
+        raise ValueError("model.cuda_graphs=true replays the compiled graph: set model.compile=true too")
     strategy = cfg.get("strategy") or {}
     stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
     if cfg.model.get("compile") and strategy.get("name") == "deepspeed" and stage == 3:

@@ -9,8 +9,9 @@
   batch of another shape would compile a second graph (and, past torch's recompile limit, run eagerly): the tests
   count the graphs.
 - CUDA graphs: model.cuda_graphs=true compiles with mode="reduce-overhead" (inductor's CUDA graph trees), which the
-  static shapes above allow: the step's hundreds of kernel launches replayed as one. Off by default: it keeps the
-  graph's inputs and outputs in a static memory pool (more memory), and on the CPU it does nothing.
+  static shapes above allow: the step's hundreds of kernel launches replayed as one (refused without compile, in
+  pipeline/pretraining/checks.py). Off by default: it keeps the graph's inputs and outputs in a static memory pool
+  (more memory), and on the CPU it does nothing.
 - Fusion (benchmarks/fusion_report.py reads the code inductor generates; measured on the CPU, 2026-11-27): the
   forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert.py's residual_stream) become
   one kernel per block, GELU one with the bf16 cast after it, the backward's LayerNorm-backward + dropout-backward +
@@ -50,8 +51,7 @@ def fixed_width_padding(data_cfg: Any, model_cfg: Any) -> int:
 
 
 def apply_compile_settings(model: torch.nn.Module, model_cfg: Any) -> None:
-    """model.compile: compile `model` (a BertForPreTraining) in place, whole, as described above; else nothing."""
-    if model_cfg.get("cuda_graphs") and not model_cfg.get("compile"):
-        raise ValueError("model.cuda_graphs=true replays the compiled graph: set model.compile=true too")
+    """model.compile: compile `model` (a BertForPreTraining) in place, whole, as described above; else nothing.
+    (model.cuda_graphs without compile is refused before, by the pre-flight checks.)"""
     if model_cfg.get("compile"):
         model.compile(fullgraph=True, dynamic=False, mode=compile_mode(model_cfg))
