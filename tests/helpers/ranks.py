@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 STACKS_GRACE_S = 30     # for every process to print its stacks after the SIGABRT
+KILL_GRACE_S = 30       # for the kernel to end every process of the group after the SIGKILL
 
 
 def local_launch_env(**extra: str) -> dict[str, str]:
@@ -49,6 +51,7 @@ def run_rank_group(command: list[str], env: dict[str, str], timeout_s: float,
             _signal_group(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
         _signal_group(proc.pid, signal.SIGKILL)    # any process that outlived the SIGABRT (one blocking it)
+        _wait_until_gone(proc.pid)
         pytest.fail(f"{' '.join(command[:2])} did not finish in {timeout_s:.0f} s; each process's stacks then "
                     f"(faulthandler, on SIGABRT) are at the end of its stderr.\nstdout:\n{stdout[-3000:]}\n"
                     f"stderr:\n{stderr[-20000:]}")
@@ -60,3 +63,27 @@ def _signal_group(pgid: int, signum: signal.Signals) -> None:
         os.killpg(pgid, signum)
     except ProcessLookupError:
         pass     # every process of the group has exited
+
+
+def _wait_until_gone(pgid: int) -> None:
+    """Returns once no live process is left in group `pgid` (a zombie has ended). Neither the end of the output nor
+    kill() says that: a dying process closes its files before it ends, and kill() returns before its target has
+    ended, so on a loaded machine a rank could still be seen running for a moment after both."""
+    deadline = time.monotonic() + KILL_GRACE_S
+    while (alive := _live_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if alive:
+        raise RuntimeError(f"processes {alive} of group {pgid} still run {KILL_GRACE_S} s after SIGKILL")
+
+
+def _live_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue     # ended while we looked
+        state, process_group = fields[0], int(fields[2])
+        if process_group == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
