@@ -55,6 +55,7 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
         "schema": {field.name: str(field.type) for field in settings.schema()},
         "inputs": [dataclasses.asdict(f) for f in plan.files],
         "num_shards_planned": plan.num_shards,   # buckets no document fell into write no file
+        "sizing": plan.sizing,                   # how num_shards_planned was chosen (data_prep.shard_sizing)
         "shards": [{"index": s["index"], "rows": s["rows"], "documents": s["documents"], **s["files"]} for s in shards],
         "totals": {
             "instances": stats.instances,
@@ -88,6 +89,15 @@ def read_manifest(shard_dir: str) -> dict[str, Any]:
         raise FileNotFoundError(f"no {MANIFEST_NAME} in {shard_dir}: not a shard set written by data_prep")
     with FileSystems.open(path) as handle:
         return json.loads(handle.read().decode("utf-8"))
+
+
+def existing_manifest(shard_dir: str) -> dict[str, Any] | None:
+    """The manifest of the shard set already in `shard_dir`; None when there is none (or it is not readable JSON:
+    then nothing of it can be kept)."""
+    try:
+        return read_manifest(shard_dir)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
 
 
 def verify_checksums(shard_dir: str, manifest: dict[str, Any] | None = None, threads: int | None = None) -> list[str]:

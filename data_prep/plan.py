@@ -12,9 +12,8 @@ import functools
 import glob
 import itertools
 import logging
-import math
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -22,12 +21,11 @@ from data_prep.config import InputSpec, PrepConfig
 from data_prep.documents import Document
 from data_prep.layout import VOCAB_NAME
 from data_prep.readers import detect_format, read_documents
+from data_prep.shard_sizing import size_shards
 from data_prep.vocab import parse_vocab, train_vocab, vocab_sha256
 
 log = logging.getLogger(__name__)
 
-# Raw text per compressed byte, to size shards before anything is decompressed (MediaWiki XML in bzip2).
-_COMPRESSED_TEXT_RATIO = 4.0
 _GLOB_CHARS = "*?["
 _SNIFF_THREADS = 16
 
@@ -52,6 +50,7 @@ class JobPlan:
     vocab_source: str    # the vocab.txt it was loaded from, or "trained"
     vocab_size: int
     vocab_sha256: str
+    sizing: dict = dataclasses.field(default_factory=dict, hash=False)   # how num_shards was chosen (shard_sizing)
 
     @property
     def vocab_path(self) -> str:
@@ -154,13 +153,6 @@ def _match(pattern: str):
     return [FileSystems.match([glob.escape(p)])[0].metadata_list[0] for p in paths]
 
 
-def shard_count(config: PrepConfig, files: tuple[InputFile, ...]) -> int:
-    if config.num_shards is not None:
-        return config.num_shards
-    raw_bytes = sum(f.size_bytes * (_COMPRESSED_TEXT_RATIO if f.path.endswith(".bz2") else 1.0) for f in files)
-    return max(1, math.ceil(raw_bytes / (config.shard_target_mb * 1e6)))
-
-
 def load_or_train_vocab(config: PrepConfig, files: tuple[InputFile, ...]) -> tuple[list[str], str]:
     if config.vocab.file is not None:
         with FileSystems.open(config.vocab.file) as handle:
@@ -185,8 +177,10 @@ def _vocab_sample(files: tuple[InputFile, ...], sample_mb: float) -> Iterator[st
                 break
 
 
-def make_plan(config: PrepConfig) -> tuple[JobPlan, list[str]]:
-    """The plan, and the vocabulary for the launcher to write where the plan says workers will read it."""
+def make_plan(config: PrepConfig, existing_manifest: dict[str, Any] | None = None) -> tuple[JobPlan, list[str]]:
+    """The plan, and the vocabulary for the launcher to write where the plan says workers will read it.
+    `existing_manifest`: the shard set already in the output directory, whose shard count a re-run keeps."""
     files = expand_inputs(config.inputs)
+    num_shards, sizing = size_shards(config, files, existing_manifest)
     tokens, source = load_or_train_vocab(config, files)
-    return JobPlan(config, files, shard_count(config, files), source, len(tokens), vocab_sha256(tokens)), tokens
+    return JobPlan(config, files, num_shards, source, len(tokens), vocab_sha256(tokens), sizing), tokens

@@ -8,6 +8,10 @@
 
 Arguments of the form key=value are Hydra overrides of the preset in conf/data_prep/ (preset=NAME picks it);
 arguments starting with -- are Beam pipeline options, passed through untouched.
+
+The tokenized documents are spilled under the output directory while the job runs (data_prep.spill). Ctrl-C or a
+killed launcher stops the waiting, not a remote job: its spill stays until the job has ended, and a run of the same
+output refuses while that job may still run (data_prep.spill_owner says whose a spill is and removes it).
 """
 from __future__ import annotations
 
@@ -34,11 +38,12 @@ from data_prep.config import PrepConfig  # noqa: E402
 from data_prep.dask_cluster import (DaskSettings, check_runner_choice, dask_runner_args,  # noqa: E402
                                     release_runner_client, started_cluster)
 from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
-from data_prep.manifest import read_manifest  # noqa: E402
+from data_prep.manifest import existing_manifest, read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan  # noqa: E402
 from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, register_repo_root_resolver, split_preset  # noqa: E402
-from data_prep.spill import remove_spill  # noqa: E402
+from data_prep.spill_owner import (SpillOwner, check_leftover_spill, owner_of_this_launcher, record_job,  # noqa: E402
+                                   settle_spill, write_owner)
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
 log = logging.getLogger("data_prep")
@@ -81,17 +86,19 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
     return PipelineOptions(beam_args)
 
 
-def prepare_output(plan: JobPlan, tokens: list[str]) -> None:
-    """Remove a previous run's shards (a smaller re-run must not leave stale ones) and write the tokenizer."""
+def prepare_output(plan: JobPlan, tokens: list[str], owner: SpillOwner) -> None:
+    """Remove a previous run's shards (a smaller re-run must not leave stale ones), claim the spill for this job and
+    write the tokenizer."""
     out = plan.config.output_dir
     if "://" not in out:
         os.makedirs(out, exist_ok=True)
+    report_leftover_spill(out)   # again: another launcher may have started since the plan
     stale = FileSystems.match([FileSystems.join(out, "shard-*"), FileSystems.join(out, MANIFEST_NAME)])
     old = [m.path for result in stale for m in result.metadata_list]
     if old:
         log.info("removing %d files of a previous run in %s", len(old), out)
         FileSystems.delete(old)
-    remove_spill(out)   # a failed run's tokenized documents
+    write_owner(out, owner)
     with FileSystems.create(FileSystems.join(out, VOCAB_NAME)) as handle:
         handle.write(vocab_text(tokens).encode("utf-8"))
     with FileSystems.create(FileSystems.join(out, TOKENIZER_NAME)) as handle:
@@ -103,8 +110,16 @@ def plan_job(overrides: list[str], beam_args: list[str]) -> tuple[JobPlan, list[
     (or a Dask cluster) starts."""
     config, dask = load_settings(overrides)
     check_runner_choice(dask, beam_args)
-    plan, tokens = make_plan(config)
+    report_leftover_spill(config.output_dir)
+    plan, tokens = make_plan(config, existing_manifest(config.output_dir))
     return plan, tokens, dask
+
+
+def report_leftover_spill(output_dir: str) -> None:
+    """An earlier run's spill: removed (and said) when its job has ended; SpillInUse when it may still run."""
+    removed = check_leftover_spill(output_dir)
+    if removed:
+        log.warning("%s", removed)
 
 
 def execute_on_cluster(plan: JobPlan, tokens: list[str], dask: DaskSettings, beam_args: list[str],
@@ -122,17 +137,24 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
     started = time.perf_counter() if started is None else started
     log.info("%d input files, %d shards, vocabulary of %d (%s) -> %s", len(plan.files), plan.num_shards,
              plan.vocab_size, plan.vocab_source, plan.config.output_dir)
-    prepare_output(plan, tokens)
+    owner = owner_of_this_launcher(options)
+    prepare_output(plan, tokens, owner)
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, plan)
+    result, error = None, None
     try:
         result = pipeline.run()
+        owner = record_job(plan.config.output_dir, owner, result)
         try:
             result.wait_until_finish()
         finally:
             release_runner_client(result)
+    except BaseException as raised:   # Ctrl-C too: a remote job it leaves running keeps its spill
+        error = raised
+        raise
     finally:
-        remove_spill(plan.config.output_dir)   # the tokenized documents: the shards hold what was made of them
+        # The tokenized documents go once the job has ended (the shards hold what was made of them), not before.
+        settle_spill(plan.config.output_dir, owner, result, error)
     manifest = read_manifest(plan.config.output_dir)
     manifest["wall_seconds"] = time.perf_counter() - started
     manifest["beam_counters"] = beam_counters(result)
@@ -242,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pipeline_options(beam_args)
         plan, tokens, dask = plan_job(overrides, beam_args)
-    except (ValueError, FileNotFoundError) as error:  # bad options, config or inputs: nothing has started
+    except (ValueError, FileNotFoundError) as error:  # bad options, config, inputs or a spill in use: nothing started
         print(f"data_prep: error: {error}", file=sys.stderr)
         return 2
     with worker_stderr_filtered():

@@ -5,8 +5,8 @@ documents themselves made that process grow with the corpus (1.07 GB at 250 MB o
 input file's reader writes its tokenized documents to one spill file under the output directory, in blocks of one
 bucket each, and the graph groups only block references: (bucket, (file, offset, length)), a few per file and
 bucket. A shard's writer then reads its bucket's blocks, one bucket at a time. The spill directory lies under the
-output directory, on the same filesystem every worker writes shards to (gs:// on Dataflow), and is removed when the
-job ends.
+output directory, on the same filesystem every worker writes shards to (gs:// on Dataflow), and is removed once the
+job has ended: finished, failed or cancelled, never while it may still run (data_prep.spill_owner).
 
 Block format: per document, a header of three little-endian uint32 (key bytes, ids, sentence ends), the key in
 UTF-8, the ids in the shard set's token dtype, the sentence ends as int64.
@@ -128,7 +128,7 @@ def _decode_block(data: bytes, token_dtype: np.dtype) -> Iterator[TokenizedDocum
 
 
 def remove_spill(output_dir: str) -> None:
-    """Deletes the spill directory (after the job, and a failed job's leftovers before the next)."""
+    """Deletes the spill directory; data_prep.spill_owner says when."""
     directory = spill_dir(output_dir)
     files = [m.path for m in FileSystems.match([FileSystems.join(directory, "*")])[0].metadata_list]
     if files:

@@ -4,13 +4,16 @@
 
 Run it with the same #SBATCH/srun geometry as the real job (e.g. `--nodes=2 --ntasks-per-node=8 --gpus-per-node=8`)
 before spending a queue slot on bert_large: it checks that Lightning detects SLURM, that every rank joins one
-process group (nccl on GPUs, gloo on CPUs), and that gradients are all-reduced (every rank ends with the same
-weights). Each rank prints one JSON line, and writes it to DIR/rank<N>.json when --out is given.
+process group (nccl on GPUs, gloo on CPUs), that gradients are all-reduced (every rank ends with the same weights),
+and that the requeue's own gloo group (pipeline/core/requeue.py, made as a training makes it) connects every rank
+across nodes: one all-reduce over it, in at most a minute (a host name resolving to a loopback address is refused
+first, saying what to set). Each rank prints one JSON line, and writes it to DIR/rank<N>.json when --out is given.
 Exit status 0 means every rank finished; tests/pretraining/test_slurm.py submits it to a real single-node SLURM.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -25,6 +28,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from pipeline.core.requeue import agreement_group  # noqa: E402
 from pipeline.core.strategies import build_strategy  # noqa: E402
 
 
@@ -65,6 +69,13 @@ def main() -> int:
     trainer.fit(model, train_dataloaders=loader)
 
     weights = torch.cat([p.detach().cpu().flatten() for p in model.parameters()])
+    requeue_ranks = None
+    if torch.distributed.is_initialized():
+        # One all-reduce over the requeue's gloo group, as its agreement runs at every step: each rank counts 1
+        group = agreement_group(num_nodes, timeout=datetime.timedelta(seconds=60))
+        count = torch.ones(1, dtype=torch.int32)
+        torch.distributed.all_reduce(count, group=group)
+        requeue_ranks = int(count.item())
     report = {
         "global_rank": trainer.global_rank,
         "local_rank": trainer.local_rank,
@@ -72,6 +83,7 @@ def main() -> int:
         "world_size": trainer.world_size,
         "cluster_environment": type(trainer.strategy.cluster_environment).__name__,
         "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        "requeue_group_ranks": requeue_ranks,       # world_size: the gloo group reached every rank
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_procid": os.environ.get("SLURM_PROCID"),
         "host": socket.gethostname(),

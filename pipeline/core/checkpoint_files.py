@@ -13,14 +13,19 @@ Two kinds of checkpoint:
 
 The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also at
 every start of a SLURM job (ckpt_path=auto, infra/slurm/train.sbatch) and when the workflow continues an interrupted
-pre-training; plain file checks keep that decision cheap, before anything heavy is imported.
+pre-training; plain file checks keep that decision cheap, before anything heavy is imported. A checkpoint this user
+may not read (a `latest`, a record, a torch file, the directory itself: e.g. written with mode 0600 by another user)
+stops that decision with UnreadableCheckpoint, naming the file: passing over it would resume from an older checkpoint,
+or start the run over, without a word.
 
-    python -m pipeline.core.checkpoint_files <run directory>    # prints its newest complete checkpoint, or exits 1
+    python -m pipeline.core.checkpoint_files <run dir>   # its newest complete checkpoint; exits 1: none, 2: unreadable
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import shutil
 import sys
 import zipfile
@@ -33,8 +38,36 @@ CHECKPOINT_DIR = "checkpoints"               # a pre-training run's checkpoints,
 log = logging.getLogger(__name__)
 
 
+class UnreadableCheckpoint(PermissionError):
+    """A file of a run's checkpoints that this process may not read."""
+
+    def __init__(self, path: Path):
+        super().__init__(
+            errno.EACCES, f"cannot read {path}: whether the run's checkpoints are complete, and which to resume from, "
+            "cannot be told. Make them readable to the user that resumes the run (e.g. `chmod -R g+rX` on the run's "
+            "checkpoints/ for a project group: earlier versions wrote last.ckpt and DeepSpeed's `latest` with mode "
+            "0600), or resume as the user that wrote them", str(path))
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except PermissionError:
+        raise UnreadableCheckpoint(path) from None
+
+
+def _require_access(path: Path, mode: int) -> None:
+    if not os.access(path, mode):
+        raise UnreadableCheckpoint(path)
+
+
 def checkpoint_problem(path: Path) -> str | None:
-    """None when the checkpoint at `path` is complete, else why it is not (for the log)."""
+    """None when the checkpoint at `path` is complete, else why it is not (for the log). Raises UnreadableCheckpoint
+    where a file of it may not be read."""
     path = Path(path)
     if path.is_dir():
         return _directory_problem(path)
@@ -42,6 +75,8 @@ def checkpoint_problem(path: Path) -> str | None:
         with zipfile.ZipFile(path) as archive:
             if archive.namelist():
                 return None
+    except PermissionError:
+        raise UnreadableCheckpoint(path) from None
     except (OSError, zipfile.BadZipFile):
         pass
     return "not a whole torch checkpoint (its zip directory is missing: the write was cut short)"
@@ -55,7 +90,7 @@ def _directory_problem(path: Path) -> str | None:
     latest = path / LATEST
     if not latest.is_file():
         return f"no `{LATEST}` file: its save never finished"
-    tag = latest.read_text(encoding="utf-8").strip()
+    tag = _read_text(latest).strip()
     tag_dir = path / tag
     if not tag or not tag_dir.is_dir():
         return f"`{LATEST}` names {tag!r}, which is not there"
@@ -63,7 +98,9 @@ def _directory_problem(path: Path) -> str | None:
     if not record_path.is_file():
         return _unrecorded_problem(tag_dir)
     try:
-        files = json.loads(record_path.read_text(encoding="utf-8"))["files"]
+        files = json.loads(_read_text(record_path))["files"]
+    except UnreadableCheckpoint:
+        raise
     except (OSError, ValueError, KeyError, TypeError):
         return f"its completion record {record_path.name} is unreadable"
     for name, size in sorted(files.items()):
@@ -73,6 +110,7 @@ def _directory_problem(path: Path) -> str | None:
         if file.stat().st_size != size:
             return (f"{tag}/{name} has {file.stat().st_size} bytes, its completion record says {size} (cut short "
                     "or rewritten after the save)")
+        _require_access(file, os.R_OK)   # else DeepSpeed's loader fails deep inside, once every rank has started
     return None
 
 
@@ -102,6 +140,9 @@ def written_at(path: Path) -> int:
 def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path | None:
     """The most recently completed checkpoint of a run: last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt (written
     by earlier versions). Each newer one that is not complete is logged with the reason it was passed over."""
+    for directory in (Path(checkpoint_dir), Path(output_dir)):
+        if directory.is_dir():
+            _require_access(directory, os.R_OK | os.X_OK)   # glob would see nothing in it: a start from scratch
     candidates = [*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")]
     for candidate in sorted(candidates, key=written_at, reverse=True):
         problem = checkpoint_problem(candidate)
@@ -133,7 +174,7 @@ def stale_tags(checkpoint: Path) -> list[Path]:
     latest = Path(checkpoint) / LATEST
     if not latest.is_file():
         return []
-    current = latest.read_text(encoding="utf-8").strip()
+    current = _read_text(latest).strip()
     return [tag_dir for tag_dir in sorted(Path(checkpoint).iterdir())
             if tag_dir.is_dir() and tag_dir.name != current
             and (any(tag_dir.glob("*model_states.pt")) or any(tag_dir.glob("*optim_states.pt")))]
@@ -145,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     run_dir = Path(args[0])
-    newest = newest_complete_checkpoint(run_dir / CHECKPOINT_DIR, run_dir) if run_dir.is_dir() else None
+    try:
+        newest = newest_complete_checkpoint(run_dir / CHECKPOINT_DIR, run_dir) if run_dir.is_dir() else None
+    except UnreadableCheckpoint as error:
+        print(error, file=sys.stderr)
+        return 2
     if newest is None:
         return 1
     print(newest)

@@ -98,7 +98,10 @@ class FinishingWandbLogger(WandbLogger):
     def finish(self, preempted_exit_code: int | None = None) -> None:
         """Finish the W&B run (once); with preempted_exit_code, marked preempted (W&B's preempting record, then that
         exit code: W&B shows a run so ended as preempted)."""
-        if self._experiment is not None and not self._finished:
+        if self._finished:
+            return
+        self._finished = True    # first: a finish that hangs or fails (requeue.py gives up on it) is not tried again
+        if self._experiment is not None:
             if preempted_exit_code is not None:
                 self._experiment.mark_preempting()
                 self._experiment.finish(exit_code=preempted_exit_code)
@@ -108,7 +111,6 @@ class FinishingWandbLogger(WandbLogger):
                 wandb.teardown()
             else:
                 self._experiment.finish()
-        self._finished = True
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if not self._finished:

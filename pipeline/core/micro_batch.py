@@ -13,8 +13,9 @@ How `auto` resolves, in order:
 - a run without CUDA: the CPU rule (CPU_MICRO_BATCH_SIZE), without probing the host's memory.
 - otherwise the probe, at setup (MicroBatchSetup): one real forward and backward of the real model per candidate,
   from the whole per-process batch down through its divisors, until one peaks below (1 - margin) of the card.
-A number wins over all of these; a resume with a number other than the recorded one logs the change and runs with it
-(the data module warns that a mid-epoch position then means other rows).
+A number wins over all of these; a resume with a number other than the recorded one, once the change is accepted
+(resume.accept_changes: pipeline/core/run_record.py), logs it and runs with it (the data module warns that a mid-epoch
+position then means other rows).
 
 Where the probe runs, and how the ranks agree: in a callback's setup(), on every rank, each on its own device, then
 the smallest size over the ranks (an all-reduce MIN). setup() is the first point where the run's device (the

@@ -24,7 +24,11 @@ Under DeepSpeed ZeRO-Offload (the optimizer step on the CPU) AdamW is deepspeed.
 update over the same groups: DeepSpeed takes no other optimizer there.
 
 Schedules: linear warmup from 0 to the peak, then (remaining / decay steps) ** power down to 0 at total_steps
-(power 1: linear, as BERT; 0.5: NVIDIA's shape). A LambdaLR stepped once per optimizer step.
+(power 1: linear, as BERT; 0.5: NVIDIA's shape). A LambdaLR stepped once per optimizer step (WarmupDecaySchedule),
+whose checkpointed state is its position only: a resume runs the schedule and the optimizer's rates that the config
+gives, from the checkpoint's step (torch's LambdaLR would restore a callable's fields and the old peak rates over
+them: a run resumed with more steps and another rate trained its new steps at the old schedule's 0). A resume that
+changes them is refused unless accepted (pipeline/core/run_record.py).
 """
 from __future__ import annotations
 
@@ -155,7 +159,7 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, power: float = 1.0
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any],
-                    max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+                    max_steps: int) -> WarmupDecaySchedule:
     name = cfg.get("name", "linear_warmup")
     if name not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(SCHEDULERS)}")
@@ -166,11 +170,41 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any],
     power = float(cfg.get("power", 1.0))
     if power < 0 or math.isnan(power):
         raise ValueError(f"scheduler.power must be >= 0, got {power}")
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, _Factor(warmup, total, power))
+    return WarmupDecaySchedule(optimizer, _Factor(warmup, total, power))
+
+
+class WarmupDecaySchedule(torch.optim.lr_scheduler.LambdaLR):
+    """A LambdaLR whose state is its position (optimizer steps taken), nothing of the config.
+
+    Loading a state, an older checkpoint's too (which holds the factor's fields and the peak rates), takes its
+    position only, and puts back what the config gave each parameter group (its rate, the schedule's peak, betas,
+    eps, weight decay), over what the optimizer's restore brought back: Lightning restores the optimizer, then the
+    schedule. What an optimizer counts in a group (LAMB's `step`) is not config and stays restored.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: _Factor):
+        self._configured = [{key: value for key, value in group.items() if key != "params"}
+                            for group in optimizer.param_groups]
+        super().__init__(optimizer, factor)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch, "_step_count": self._step_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_epoch = int(state_dict["last_epoch"])
+        self._step_count = int(state_dict.get("_step_count", self.last_epoch + 1))
+        for group, configured in zip(self.optimizer.param_groups, self._configured, strict=True):
+            group.update(configured)
+            group["initial_lr"] = configured["lr"]
+        self.base_lrs = [group["initial_lr"] for group in self.optimizer.param_groups]
+        for group, factor, base_lr in zip(self.optimizer.param_groups, self.lr_lambdas, self.base_lrs):
+            group["lr"] = base_lr * factor(self.last_epoch)     # as LambdaLR.get_lr computes it at a step
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
 
 class _Factor:
-    """A picklable lr_lambda (a closure would make the scheduler's state_dict unpicklable)."""
+    """The schedule's factor as a picklable object (a closure would not pickle); its fields are the config's, never a
+    checkpoint's (WarmupDecaySchedule saves its position only)."""
 
     def __init__(self, warmup_steps: int, total_steps: int, power: float):
         self.warmup_steps, self.total_steps, self.power = warmup_steps, total_steps, power

@@ -9,24 +9,38 @@ in each worker, which dies. So the pipeline turns it off (`cluster_plugins`: SLU
 and does this instead:
 
 1. `RequeueRequest`: the SIGUSR1 handler sets a flag in the rank's main process, and ignores the signal in any other
-   process (a forked loader worker inherits the handler, with another pid).
+   process (a forked loader worker inherits the handler, with another pid). Loader workers that are not forked
+   (`spawn`, `forkserver`) would die of it: the loaders set it aside in every worker first thing
+   (pipeline/core/requeue_safe_loader.py).
 2. `RequeueOnSignal`, a callback, at every optimizer-step boundary: the ranks agree on the flag with one all-reduce
    of one number (over gloo, on the CPU: no GPU synchronisation). When any rank got the signal, every rank saves
    checkpoints/last.ckpt at the same point of the same step, outside any signal handler; once Lightning has logged
    that step, and once every rank ignores the SIGTERM that a requeue makes SLURM send, rank 0 marks the W&B run
-   preempted and finishes it, and runs `scontrol requeue <job>` (its return code checked), while the other ranks wait
-   for the outcome (so that none exits, and srun's --kill-on-bad-exit stops rank 0, before the requeue). The
+   preempted and finishes it, then runs `scontrol requeue <job>` (its return code checked), while the other ranks
+   wait for the outcome (so that none exits, and srun's --kill-on-bad-exit stops rank 0, before the requeue). The
    fit then stops on every rank with `RequeueRequested`, and the processes exit with REQUEUED_EXIT_CODE
    (pipeline/pretraining/run.py, pipeline/train.py). The job's next start resumes from the newest complete
    checkpoint (train.sbatch passes ckpt_path=auto), into the same W&B run.
+
+The order of step 2 is forced: the requeue makes SLURM send SIGTERM to every process of the job at once, W&B's
+service among them, which then loses whatever it has not written yet (an offline run's file kept none of the steps
+logged just before). But W&B may hang (a server that does not answer), and the requeue must happen within the
+signal's lead: W&B gets at most REQUEUE_WANDB_TIMEOUT_S (environment, default 30 s), then the requeue goes ahead
+and the W&B run lacks its last steps (the CSV log has them); `scontrol` gets at most 30 s. So the lead must cover a
+step, the save, that wait and `scontrol`: 120 s for BERT-Large on a fast file system, more on a slow one.
+
+Across nodes gloo needs an address the other nodes reach: each rank checks its own before the agreement group is
+made (pipeline/core/gloo_address.py) and stops, saying what to set, rather than hang at the first step.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import re
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -37,12 +51,13 @@ import torch.distributed as dist
 from lightning_fabric.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Checkpoint
 
+from pipeline.core.gloo_address import unreachable_gloo_problem
 from pipeline.core.loggers import finish_wandb
+from pipeline.core.requeue_safe_loader import REQUEUE_SIGNAL   # defined there: the loader workers import it
+from pipeline.core.restarts import REQUEUED_EXIT_CODE          # defined there: train.sbatch's supervisor reads it
 
-REQUEUE_SIGNAL = signal.SIGUSR1
-# The exit status of a process whose job was requeued (sysexits' EX_TEMPFAIL: try again later). Not 0, so that
-# nothing that runs the training (the workflow's stage runner, a shell script) takes the phase as finished.
-REQUEUED_EXIT_CODE = 75
+WANDB_TIMEOUT_VARIABLE, DEFAULT_WANDB_TIMEOUT_S = "REQUEUE_WANDB_TIMEOUT_S", 30.0
+SCONTROL_TIMEOUT_S = 30
 log = logging.getLogger(__name__)
 
 
@@ -90,14 +105,14 @@ class RequeueOnSignal(Checkpoint):
     def __init__(self, request: RequeueRequest, checkpoint_dir: Path):
         self.request, self.checkpoint_dir = request, Path(checkpoint_dir)
         self._group: Any = None
+        self._wandb_timeout_s = DEFAULT_WANDB_TIMEOUT_S
         self._step_seen = 0
         self._saved: tuple[Path, int] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # A process group of its own, over gloo: the agreement runs on the CPU (no GPU synchronisation where training
-        # runs NCCL), and never pairs with another collective on the training group (every rank creates it here).
+        self._wandb_timeout_s = wandb_timeout_s()     # a wrong value stops the run now, not at the requeue
         if _distributed():
-            self._group = dist.new_group(backend="gloo")
+            self._group = agreement_group(trainer.num_nodes)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._step_seen = trainer.global_step     # where this fit starts (a resumed one: the checkpoint's step)
@@ -144,7 +159,7 @@ class RequeueOnSignal(Checkpoint):
             dist.barrier(group=self._group)
         outcome: tuple[str | None, str | None] = (None, None)
         if trainer.is_global_zero:
-            finish_wandb(trainer.loggers, preempted_exit_code=REQUEUED_EXIT_CODE)
+            finish_wandb_within(trainer.loggers, self._wandb_timeout_s)
             try:
                 outcome = (requeue_slurm_job(), None)
             except RuntimeError as error:
@@ -170,6 +185,49 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def agreement_group(num_nodes: int, timeout: datetime.timedelta | None = None) -> Any:
+    """The requeue's own process group, over gloo (every rank calls this): the agreement runs on the CPU (no GPU
+    synchronisation where training runs NCCL), and never pairs with another collective on the training group. Across
+    nodes, refuses an address the other nodes cannot reach (gloo_address.py) instead of hanging at the first step.
+    infra/slurm/smoke_ddp.py makes it too."""
+    problem = unreachable_gloo_problem() if num_nodes > 1 else None
+    if problem:
+        raise RuntimeError(problem)
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
+def wandb_timeout_s() -> float:
+    """How long rank 0 waits for W&B before the requeue: REQUEUE_WANDB_TIMEOUT_S, default 30 s."""
+    value = os.environ.get(WANDB_TIMEOUT_VARIABLE, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_WANDB_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ValueError(f"{WANDB_TIMEOUT_VARIABLE} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def finish_wandb_within(loggers: list, timeout_s: float) -> bool:
+    """Finish the W&B run marked preempted, waiting at most timeout_s; False when it did not finish in time (it is
+    left to itself: the requeue's SIGTERM ends W&B's service). Whatever W&B raises is logged, never raised: the
+    requeue goes ahead."""
+    def finish() -> None:
+        try:
+            finish_wandb(loggers, preempted_exit_code=REQUEUED_EXIT_CODE)
+        except Exception as error:   # noqa: BLE001 (any failure of W&B's: the requeue must not wait for it)
+            log.warning("W&B could not finish the run before the requeue: %s", error)
+
+    finishing = threading.Thread(target=finish, name="wandb-finish", daemon=True)
+    finishing.start()
+    finishing.join(timeout_s)
+    if finishing.is_alive():
+        log.warning("W&B did not finish the run within %g s (%s): requeueing without it; the W&B run lacks the last "
+                    "steps, the CSV log has them", timeout_s, WANDB_TIMEOUT_VARIABLE)
+        return False
+    return True
+
+
 def cluster_plugins() -> list:
     """The Trainer plugins that turn Lightning's own SLURM auto-requeue off (RequeueOnSignal replaces it); none
     outside SLURM."""
@@ -190,7 +248,8 @@ def requeue_slurm_job() -> str:
     if job is None:
         raise RuntimeError("a requeue was requested, but this process is not in a SLURM job (no SLURM_JOB_ID)")
     try:
-        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=120)
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                                timeout=SCONTROL_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RuntimeError(f"`scontrol requeue {job}` could not run: {error}") from None
     if result.returncode != 0:

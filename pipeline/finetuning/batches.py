@@ -10,6 +10,8 @@ row order (each batch carries its rows' positions in `row`).
 A batch: input_ids, token_type_ids, attention_mask (B, T) int64 - (B, K, T) for multiple choice -, labels: (B,)
 for sequence tasks (float for regression), (B, 2) start and end positions for span tasks (SQuAD), (B, T) per token
 for token tasks (NER; -100 where a token has no label, padding included) - and row (B,) positions in the split.
+
+The loaders' workers ignore SLURM's requeue signal, whatever the start method (pipeline/core/requeue_safe_loader.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import torch
 
 from model.bert import IGNORE_INDEX
+from pipeline.core.requeue_safe_loader import RequeueSafeDataLoader
 
 MEGABATCH_BATCHES = 50
 
@@ -134,14 +137,14 @@ def by_length(lengths: np.ndarray) -> list[int]:
 
 
 def train_loader(rows: FeatureRows, batch_size: int, collator: PaddingCollator, group_by_length: bool, seed: int,
-                 num_workers: int = 0) -> torch.utils.data.DataLoader:
+                 num_workers: int = 0) -> RequeueSafeDataLoader:
     sampler = (LengthGroupedSampler(rows.lengths, batch_size, seed) if group_by_length
                else ShuffledSampler(len(rows), seed))
-    return torch.utils.data.DataLoader(rows, batch_size=batch_size, sampler=sampler, collate_fn=collator,
-                                       num_workers=num_workers, persistent_workers=num_workers > 0)
+    return RequeueSafeDataLoader(rows, batch_size=batch_size, sampler=sampler, collate_fn=collator,
+                                 num_workers=num_workers, persistent_workers=num_workers > 0)
 
 
 def eval_loader(rows: FeatureRows, batch_size: int, collator: PaddingCollator,
-                num_workers: int = 0) -> torch.utils.data.DataLoader:
-    return torch.utils.data.DataLoader(rows, batch_size=batch_size, sampler=by_length(rows.lengths),
-                                       collate_fn=collator, num_workers=num_workers)
+                num_workers: int = 0) -> RequeueSafeDataLoader:
+    return RequeueSafeDataLoader(rows, batch_size=batch_size, sampler=by_length(rows.lengths), collate_fn=collator,
+                                 num_workers=num_workers)

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.loggers import build_loggers, finish_wandb, wandb_environment
 from pipeline.core.optim import warmup_steps_of
+from pipeline.core.run_dir_lock import holds_run_dir
 from pipeline.core.weights import load_into_task_model
 from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
 from pipeline.finetuning.checks import FinetuneChecks
@@ -84,6 +85,7 @@ def _pad_multiple(cfg: DictConfig, plan: FinetuneChecks) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # the run
 
+@holds_run_dir("finetune")     # one fine-tuning per output directory (pipeline/core/run_dir_lock.py)
 def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Fine-tune as `cfg` says (trainer.max_epochs=0: only evaluate and predict with the weights of init=); returns
     {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""

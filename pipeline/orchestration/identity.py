@@ -1,7 +1,9 @@
 """What a stage's result depends on, as one hash (the rule's parameter, so Snakemake re-runs a stage exactly when it
-changes): its composed config (any YAML edit that reaches it counts) minus the keys that shape nothing, with the files
-it reads from outside the workflow (corpus, vocabulary, held-out shards, GLUE/SQuAD files) by their content, not
-their path. What it reads from earlier stages counts through their sentinels (runs.py).
+changes): its composed config (any YAML edit that reaches it counts) minus the keys that shape nothing
+(pipeline/core/shaping.py says which, and why: a pre-training's loader workers, pass size and devices shape its data
+stream; compile, padding and validation do not), with the files it reads from outside the workflow (corpus,
+vocabulary, GLUE/SQuAD files) by their content, not their path. What it reads from earlier stages counts through
+their sentinels (runs.py).
 
 Not the code: a comment or a `git pull` must not restart a run of days. The code version and the main packages'
 versions are recorded in each run and shown by `plan`; a stage runs again on new code only when asked
@@ -17,61 +19,35 @@ import modulefinder
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from pipeline.core.app import REPO_ROOT
+from pipeline.core.shaping import OPERATIONAL, leaves, without_keys
 from pipeline.orchestration import runs
 
-# The one list of what shapes no result, per entry point (a key names itself and everything below it); each key has a
-# test that changing it keeps the identity, every other key one that it changes it (tests/orchestration/).
-_LOGGING = ("logger.mode", "logger.group", "logger.name", "logger.project", "logger.entity", "logger.tags",
-            "logger.log_model", "trainer.enable_progress_bar", "trainer.enable_model_summary",
-            "trainer.log_every_n_steps", "export.plot", "export.hf")
-_DEVICES = ("trainer.devices", "trainer.num_nodes", "trainer.accelerator")     # a resized stage resumes its run
-NOT_SHAPING = {
-    "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
-    # paths the workflow wires (their content counts through the inputs); memory and speed only (the global batch is
-    # the recipe, split into passes that fit; padding; cuDNN autotuning); when to validate (it draws nothing from
-    # the training RNG) or checkpoint; what is logged and plotted
-    "train": ("output_dir", "data.path", "init_from_checkpoint", "ckpt_path", "data.num_workers",
-              "data.verify_checksums", "data.micro_batch_size", "data.micro_batch_margin", "data.pad_to_multiple_of",
-              "trainer.benchmark", "validation.every_n_steps", "callbacks.checkpoint.every_n_train_steps",
-              "callbacks.checkpoint.save_last", "callbacks.throughput", *_LOGGING, *_DEVICES),
-    "finetune": ("output_dir", "init", "data.cache_dir", "data.num_workers", "data.eval_batch_size",
-                 "data.pad_to_multiple_of", *_LOGGING, *_DEVICES),
-}
+# What shapes no result, per entry point: the operational keys (pipeline/core/shaping.py, the list a resume's check
+# reads too), and the paths the workflow wires from earlier stages, whose content counts through their sentinels.
+# Each key has a test that changing it keeps the identity, every other key one that it changes it
+# (tests/orchestration/test_identity.py).
+WIRED_INPUTS = {"train": ("data.path", "init_from_checkpoint"), "finetune": ("init",)}
+NOT_SHAPING = {entry: (*keys, *WIRED_INPUTS.get(entry, ())) for entry, keys in OPERATIONAL.items()}
 # Paths to files from outside the workflow: they count by their content.
-EXTERNAL_INPUTS = {"data_prep": ("inputs", "vocab.file"), "train": ("validation.path",),
+EXTERNAL_INPUTS = {"data_prep": ("inputs", "vocab.file"),
                    "finetune": ("data.dir", "data.train", "data.dev", "data.test", "tokenizer")}
 ENTRY_SCRIPTS = {"data_prep": "data_prep/run.py", "train": "pipeline/train.py", "finetune": "pipeline/finetune.py",
                  "export": "pipeline/orchestration/export_stage.py"}
 PACKAGES = ("torch", "pytorch-lightning", "deepspeed", "transformers", "tokenizers")
 
 
-def leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf of a nested mapping."""
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
-def without_keys(config: Mapping[str, Any], dotted_keys: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        nested = tuple(k.split(".", 1)[1] for k in dotted_keys if k.startswith(f"{key}."))
-        if key not in dotted_keys:
-            out[key] = without_keys(value, nested) if isinstance(value, Mapping) and nested else value
-    return out
-
-
 class Checksums:
-    """sha256 of local files, hashed again only when a file's size or time changed (a 20 GB corpus is read once),
-    cached in the workflow's state directory."""
+    """sha256 of local files, cached in the workflow's state directory (a 20 GB corpus is read once) and hashed again
+    when a file's inode, size, mtime or ctime changed. Not size and mtime alone: `cp -p`, `rsync -a` or `touch -r`
+    put those back over new bytes, while a write, a replacement or a utime call gives a new ctime (or inode), which
+    only the kernel sets. Not the device number, which differs between the nodes a controller may run on for the
+    same NFS file. `rehash` (workflow.rehash_inputs=true): every file hashed again, whatever the cache says."""
 
-    def __init__(self, path: Path):
-        self.path, self.cache = path, runs.read_json(path) or {}
+    def __init__(self, path: Path, rehash: bool = False):
+        self.path, self.cache = path, {} if rehash else runs.read_json(path) or {}
 
     def content(self, value: Any) -> Any:
         """A path or glob, or a list of them (data prep's inputs, {path: ..., format: ...}), by content."""
@@ -88,11 +64,12 @@ class Checksums:
         return {"files": len(files), "sha256": hashlib.sha256("".join(names).encode()).hexdigest()}
 
     def _sha256(self, name: str) -> str:
-        stat, key = os.stat(name), os.path.realpath(name)
-        if (self.cache.get(key) or {}).get("stamp") != [stat.st_size, stat.st_mtime_ns]:
+        stat, key = os.stat(name), os.path.realpath(name)   # before reading: a write meanwhile moves the ctime
+        stamp = [stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+        if (self.cache.get(key) or {}).get("stamp") != stamp:
             with open(name, "rb") as handle:
                 digest = hashlib.file_digest(handle, "sha256").hexdigest()
-            self.cache[key] = {"stamp": [stat.st_size, stat.st_mtime_ns], "sha256": digest}
+            self.cache[key] = {"stamp": stamp, "sha256": digest}
         return self.cache[key]["sha256"]
 
     def save(self) -> None:

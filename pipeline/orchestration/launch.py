@@ -8,6 +8,12 @@ snapshot of the code: a copy of the checkout's source (the packages, conf/, infr
 <root>/_workflow/code/<hash of its files>/. Snakemake, the SLURM controller and every stage job (and each of their
 requeues) read that config and run from that copy, so an edit or a `git pull` in the checkout changes nothing in
 flight; the next launch takes a new copy if the files changed (the same files share one).
+
+The stages' environment (workflow.env, e.g. WANDB_API_KEY, GLUE_DIR) is never written to disk: the launch's config
+records its names only (`environment`). The values travel in the environment of the processes: Snakemake's here
+(local), or the controller job's, which SLURM starts with the environment of its submission (sbatch --export=ALL) and
+keeps for its requeues; the executor submits the stage jobs with its own (--export=ALL), and the stage runner passes
+it on. A relaunch needs them on its command line again, as every launch does.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.report import report_files
-from pipeline.orchestration.slurm import rule_resources
+from pipeline.orchestration.slurm import QueueError, rule_resources, run
 from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Stage, Workflow, WorkflowError
 
 SLURM_LOG_DIR = "slurm_logs"
@@ -59,10 +65,16 @@ def take_snapshot(state_dir: Path, repo: Path = REPO_ROOT) -> Path:
     return target
 
 
+def stage_environment(specs: dict[str, Stage]) -> dict[str, str]:
+    """The stages' environment variables (workflow.env) with their values: for the processes, never for a file."""
+    return {key: value for spec in specs.values() for key, value in spec.env.items()}
+
+
 def write_launch(workflow: Workflow, specs: dict[str, Stage], code: Path, directory: Path | None = None) -> Path:
-    """The launch's Snakemake config file."""
-    record = {"workflow": workflow.config, "code": str(code), "executor": workflow.launcher, "created": runs.now(),
-              "stages": {name: dataclasses.asdict(spec) for name, spec in specs.items()},
+    """The launch's Snakemake config file: the environment's names, not its values (a key is a secret)."""
+    record = {"workflow": {**workflow.config, "env": {}}, "environment": sorted(stage_environment(specs)),
+              "code": str(code), "executor": workflow.launcher, "created": runs.now(),
+              "stages": {name: {**dataclasses.asdict(spec), "env": {}} for name, spec in specs.items()},
               "rule_resources": {name: rule_resources(spec.resources, spec.entry, workflow.slurm)
                                  for name, spec in specs.items() if spec.entry != REPORT_STAGE},
               "report": report_files(workflow.root, specs) if REPORT_STAGE in specs else []}
@@ -115,6 +127,7 @@ def run_local(workflow: Workflow, specs: dict[str, Stage]) -> int:
         config = prepare(workflow, specs, lock)
         print(f"workflow {workflow.name}: {len(specs)} stages, outputs in {workflow.root}", flush=True)
         argv, env = run_command(config)
+        env.update(stage_environment(specs))
         # Snakemake in this terminal's process group: Ctrl-C reaches it (it stops its running stages and exits), and
         # this process waits for it rather than dying first
         child = subprocess.Popen(argv, env=env, cwd=workflow.root)
@@ -129,32 +142,41 @@ def run_local(workflow: Workflow, specs: dict[str, Stage]) -> int:
 
 
 def submit_controller(workflow: Workflow, specs: dict[str, Stage]) -> int:
-    """The controller as a SLURM job of its own (controller.py): no login shell has to stay open for days."""
+    """The controller as a SLURM job of its own (controller.py): no login shell has to stay open for days. Submitted
+    held, and let go once the lock names it: started any earlier, it would find this process holding the lock."""
     controller = workflow.slurm["controller"]
     lock = LaunchLock(workflow)
     lock.acquire()
+    job_id = None
     try:
         config = prepare(workflow, specs, lock)
         code = runs.read_json(config)["code"]
         log_dir = workflow.state_dir / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         command = f"exec {shlex.quote(sys.executable)} -m pipeline.orchestration.controller {shlex.quote(str(config))}"
-        argv = ["sbatch", "--parsable", f"--job-name={job_name_prefix(workflow.name, workflow.root)}-controller",
+        argv = ["sbatch", "--parsable", "--hold", "--export=ALL",
+                f"--job-name={job_name_prefix(workflow.name, workflow.root)}-controller",
                 f"--output={log_dir}/controller-%j.log", "--open-mode=append", f"--chdir={code}",
                 f"--time={controller['time']}", f"--cpus-per-task={controller['cpus']}", f"--mem={controller['mem']}",
                 "--requeue", f"--signal=B:USR1@{controller['requeue_lead_s']}"]
         argv += [f"--{key}={value}" for key in ("partition", "account")
                  if (value := controller.get(key) or workflow.slurm.get(key))]
         result = subprocess.run([*argv, "--wrap", command], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, "PYTHONPATH": code})
+                                env={**os.environ, **stage_environment(specs), "PYTHONPATH": code})
         if result.returncode != 0:
             raise WorkflowError(f"sbatch refused the controller job: {result.stderr.strip()}")
+        job_id = result.stdout.strip().split(";")[0]
+        log = log_dir / f"controller-{job_id}.log"
+        lock.update(job_id=job_id, submitted=runs.now(), log=str(log), config=str(config))
+        try:
+            run(["scontrol", "release", job_id])
+        except QueueError as error:
+            raise WorkflowError(f"the controller job {job_id}, submitted held, could not be let go: {error}") from None
     except BaseException:
+        if job_id is not None:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=120)
         lock.release()
         raise
-    job_id = result.stdout.strip().split(";")[0]
-    log = log_dir / f"controller-{job_id}.log"
-    lock.update(job_id=job_id, submitted=runs.now(), log=str(log), config=str(config))
     print(f"workflow {workflow.name}: controller job {job_id} submitted; it runs the stages as SLURM jobs.\n"
           f"  log:    tail -f {log}\n  status: python pipeline/workflow.py +workflow={workflow.name} "
           f"workflow.root={workflow.root} workflow.action=status\n  stop:   scancel {job_id}   (and its stage jobs)")

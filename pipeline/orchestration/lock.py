@@ -1,18 +1,19 @@
-"""One launch at a time on a workflow root: <root>/_workflow/lock.json, created exclusively (O_EXCL: atomic on local
-disks, NFS, Lustre and GPFS alike, where flock may be missing or lock one node only), names its holder: a local run
-(host, pid) for its whole length; for SLURM the launching process, then the controller job (its id) while it waits in
-the queue, runs and is requeued. A second launch is refused, naming the holder, unless the holder is gone (a dead
-process on this host, a job SLURM no longer runs): then it is taken over, and the caller releases Snakemake's own
-lock, which the dead holder left. When that cannot be told, the refusal says which file to remove."""
+"""One launch at a time on a workflow root: <root>/_workflow/lock.json (pipeline/core/holder_lock.py: created whole
+and exclusively, no flock needed) names its holder: a local run (host, pid) for its whole length; for SLURM the
+controller job (its id) while it waits in the queue, runs and is requeued. The launching process holds it only until
+it has submitted the controller, and submits it held (sbatch --hold): the job id is in the lock before the controller
+can start, so it never finds the launching process there and refuses its own launch. A second launch is refused,
+naming the holder, unless the holder is gone (a dead process on this host, a job SLURM no longer runs): then it is
+taken over, and the caller releases Snakemake's own lock, which the dead holder left. When that cannot be told, the
+refusal says which file to remove."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Any
 
+from pipeline.core.holder_lock import HolderLock, LockContended, alive, holder_state  # noqa: F401  (alive: views)
 from pipeline.orchestration import runs
-from pipeline.orchestration.slurm import ACTIVE_STATES, QueueError, job_state
 from pipeline.orchestration.spec import Workflow, WorkflowError
 
 LOCK_FILE = "lock.json"
@@ -28,49 +29,29 @@ def describe(holder: dict[str, Any] | None) -> str:
 
 class LaunchLock:
     def __init__(self, workflow: Workflow):
-        self.workflow, self.path, self.took_over = workflow, workflow.state_dir / LOCK_FILE, False
+        self.workflow, self.file, self.took_over = workflow, HolderLock(workflow.state_dir / LOCK_FILE), False
+        self.path = self.file.path
 
     def holder(self) -> dict[str, Any] | None:
-        return runs.read_json(self.path)
+        return self.file.holder()
 
     def acquire(self, **holder: Any) -> None:
         """Takes the lock for `holder` (default: this process); raises WorkflowError while another holds it."""
         holder = holder or {"host": socket.gethostname(), "pid": os.getpid(), "started": runs.now()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
-            try:
-                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder_now = self.holder()
-                refuse_if_alive(self.workflow, holder_now)
-                self._take_over(holder_now)
-                continue
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps({"workflow": self.workflow.name, **holder}, indent=2) + "\n")
-            return
-        raise WorkflowError(f"could not take {self.path}: other launches keep taking it")
-
-    def _take_over(self, holder: dict[str, Any] | None) -> None:
-        print(f"taking over the lock of {describe(holder)}: it is gone", flush=True)
-        stale = self.path.with_name(f".{LOCK_FILE}.stale.{os.getpid()}")
         try:
-            os.rename(self.path, stale)      # atomic: of two launches taking it over, one renames it
-        except FileNotFoundError:
-            return
-        if runs.read_json(stale) != holder:  # another launch took it over just now: its lock goes back
-            try:
-                os.link(stale, self.path)
-            except FileExistsError:
-                pass
-        else:
+            taken_from = self.file.acquire({"workflow": self.workflow.name, **holder},
+                                           lambda current: refuse_if_alive(self.workflow, current))
+        except LockContended as error:
+            raise WorkflowError(str(error)) from None
+        if taken_from is not None:
+            print(f"taking over the lock of {describe(taken_from)}: it is gone", flush=True)
             self.took_over = True            # the caller releases the dead holder's Snakemake lock (--unlock)
-        stale.unlink()
 
     def update(self, **fields: Any) -> None:
-        runs.write_json(self.path, {**(self.holder() or {}), **fields})
+        self.file.update(**fields)
 
     def release(self) -> None:
-        self.path.unlink(missing_ok=True)
+        self.file.release()
 
     def __enter__(self) -> "LaunchLock":
         self.acquire()
@@ -80,30 +61,17 @@ class LaunchLock:
         self.release()
 
 
-def alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def refuse_if_alive(workflow: Workflow, holder: dict[str, Any] | None) -> None:
     """Raises WorkflowError, naming the holder of the root's lock, unless it is gone (or there is none)."""
-    lock_file = workflow.state_dir / LOCK_FILE
+    if not holder:
+        return
+    is_alive, seen = holder_state(holder)
     running = f"workflow {workflow.name} in {workflow.root} is already running: {describe(holder)}"
-    remove = f"if it is gone, remove {lock_file} and launch again"
-    if holder and holder.get("job_id"):
-        try:
-            state = job_state(str(holder["job_id"]))
-        except QueueError as error:
-            raise WorkflowError(f"{running}? SLURM cannot tell ({error}); {remove}") from None
-        if state in ACTIVE_STATES:
-            raise WorkflowError(f"{running} (job {holder['job_id']} is {state}). Wait for it, or stop it "
-                                f"(scancel {holder['job_id']}) and launch again.")
-    elif holder and holder.get("host") != socket.gethostname():
-        raise WorkflowError(f"{running}, whose process cannot be seen from this host; {remove}")
-    elif holder and alive(holder.get("pid")):
-        raise WorkflowError(f"{running} (its process is alive). Wait for it, or stop it (Ctrl-C) and launch again.")
+    if is_alive is None:
+        raise WorkflowError(f"{running}? {seen}; if it is gone, remove {workflow.state_dir / LOCK_FILE} and launch "
+                            "again")
+    if is_alive and holder.get("job_id"):
+        raise WorkflowError(f"{running} ({seen}). Wait for it, or stop it (scancel {holder['job_id']}) and launch "
+                            "again.")
+    if is_alive:
+        raise WorkflowError(f"{running} ({seen}). Wait for it, or stop it (Ctrl-C) and launch again.")

@@ -10,26 +10,39 @@ empty value, which the submission reads as a plain one-task job. So the time-lim
 (infra/slurm/train.sbatch's requeue contract: --signal=USR1@N, --requeue, --open-mode=append) reaches the training
 processes, one or many, and never Snakemake's.
 
-Stage jobs are named <prefix>_<run id> by Snakemake's SLURM executor, the prefix naming the workflow root. Every query
-fails closed: an error raises QueueError, never reads as an empty queue.
+--requeue is the executor's (its `slurm-requeue: true`, in infra/slurm/snakemake/config.yaml), for every stage job:
+with it, the executor leaves a job whose node failed to SLURM, which requeues it under the same id. Without it, the
+executor counts NODE_FAIL as a failure and submits the stage again (workflow.retries) beside the job that SLURM
+requeues: two trainers in one run directory. A pre-training stage is refused where the profile and train.sbatch's
+contract disagree.
+
+sbatch options from the workflow config (slurm.reservation, slurm.extra_args: one option per item) reach the
+executor's submission, a shell command line, quoted (shlex): a value is passed whole, as one argument, or refused
+where it cannot be (spec.py).
+
+Stage jobs are named <prefix>_<run id> by Snakemake's SLURM executor, the prefix naming the workflow root. Queries
+fail closed (pipeline/core/slurm_jobs.py).
 """
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping
 
+import yaml
+
 from pipeline.core.app import REPO_ROOT
-from pipeline.orchestration.spec import ranks_per_node
+from pipeline.core.slurm_jobs import ACTIVE_STATES, QueueError, job_state, run  # noqa: F401  (lock, controller, views)
+from pipeline.orchestration.spec import WorkflowError, ranks_per_node
 
 TRAIN_SBATCH = REPO_ROOT / "infra" / "slurm" / "train.sbatch"
+EXECUTOR_PROFILE = REPO_ROOT / "infra" / "slurm" / "snakemake" / "config.yaml"
 REQUEUE_OPTIONS = ("signal", "requeue", "open-mode")
 _MEMORY_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-QUERY_TIMEOUT_S = 120
-ACTIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
-                 "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED")
 
 
 def requeue_contract(sbatch_file: Path = TRAIN_SBATCH) -> dict[str, str]:
@@ -98,7 +111,11 @@ def rule_resources(resources: Mapping[str, Any], entry: str, slurm: Mapping[str,
         out["gpu"] = gpus
     if entry == "train":
         contract = requeue_contract()
-        extra += ["--requeue", f"--open-mode={contract['open-mode']}", f"--signal={contract['signal']}"]
+        if not executor_settings().requeue:
+            raise WorkflowError(f"{TRAIN_SBATCH} lets pre-training jobs requeue (#SBATCH --requeue), but "
+                                f"{EXECUTOR_PROFILE} does not set slurm-requeue: true: Snakemake would take a node "
+                                "failure as a failure and start the stage again beside the job that SLURM requeues")
+        extra += [f"--open-mode={contract['open-mode']}", f"--signal={contract['signal']}"]
     for key, resource in (("partition", "slurm_partition"), ("account", "slurm_account"), ("qos", "qos"),
                           ("constraint", "constraint")):
         value = resources.get(key) or slurm.get(key)
@@ -107,12 +124,24 @@ def rule_resources(resources: Mapping[str, Any], entry: str, slurm: Mapping[str,
     extra += [f"--reservation={slurm['reservation']}"] if slurm.get("reservation") else []
     extra += [str(a) for a in slurm.get("extra_args") or ()]
     if extra:
-        out["slurm_extra"] = " ".join(extra)
+        # the executor appends it to a shell command line as it is: each option one quoted word
+        out["slurm_extra"] = " ".join(shlex.quote(option) for option in extra)
     return out
 
 
-def sbatch_line(resources: Mapping[str, Any]) -> str:
-    """The stage's sbatch options as the SLURM executor builds them (its own submit-command builder)."""
+def executor_settings(profile: Path | None = None) -> SimpleNamespace:
+    """The SLURM executor's settings in its profile that shape a submission (the rest are its own business)."""
+    settings = yaml.safe_load((profile or EXECUTOR_PROFILE).read_text(encoding="utf-8")) or {}
+    return SimpleNamespace(**{key: settings.get(f"slurm-{key.replace('_', '-')}")
+                              for key in ("requeue", "no_requeue", "qos", "reservation")})
+
+
+_SUBMIT_HEAD = ["sbatch", "--parsable", "--job-name", "NAME", "--output", "LOG", "--export=ALL", "--comment", "RULE"]
+
+
+def submit_command(resources: Mapping[str, Any]) -> str:
+    """The shell command line with which the SLURM executor submits a stage job (its own builder, with the profile's
+    settings), but for the job's name, log and comment (NAME, LOG, RULE) and its command."""
     from snakemake_executor_plugin_slurm.submit_string import get_submit_command
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
@@ -123,41 +152,16 @@ def sbatch_line(resources: Mapping[str, Any]) -> str:
             self.resources = type("Resources", (dict,), {"__getattr__": dict.get})(resources)
 
     params = {"run_uuid": "NAME", "slurm_logfile": "LOG", "comment_str": "RULE", "workdir": "",
-              "account": f"-A {resources['slurm_account']}" if resources.get("slurm_account") else "",
-              "partition": f"-p {resources['slurm_partition']}" if resources.get("slurm_partition") else ""}
-    line = get_submit_command(Job(), params) + set_gres_string(Job())
-    return " ".join(line.replace("sbatch --parsable --job-name NAME --output LOG --export=ALL --comment RULE",
-                                 "").split())
+              **{key: f"{flag} {shlex.quote(str(resources[name]))}" if resources.get(name) else ""
+                 for key, flag, name in (("account", "-A", "slurm_account"), ("partition", "-p", "slurm_partition"))}}
+    return get_submit_command(Job(), params, settings=executor_settings()) + set_gres_string(Job())
 
 
-class QueueError(RuntimeError):
-    pass
-
-
-def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    if shutil.which(argv[0]) is None:
-        raise QueueError(f"{argv[0]} is not on the PATH")
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise QueueError(f"{' '.join(argv)} did not answer within {QUERY_TIMEOUT_S} s") from None
-    if check and result.returncode != 0:
-        raise QueueError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
-    return result
-
-
-def job_state(job_id: str) -> str:
-    """PENDING, RUNNING, COMPLETED, FAILED ...: from squeue while slurmctld holds the job (squeue says "Invalid job
-    id" once it has left, MinJobAge after it ended), else from the accounting."""
-    queued = run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False)
-    if queued.returncode == 0 and queued.stdout.split():
-        return queued.stdout.split()[0]
-    if queued.returncode != 0 and "Invalid job id" not in queued.stderr:
-        raise QueueError(f"squeue -j {job_id} failed: {queued.stderr.strip()}")
-    states = run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"]).stdout.split()
-    if not states:
-        raise QueueError(f"job {job_id} is neither in the queue nor in the accounting")
-    return states[-1]
+def sbatch_line(resources: Mapping[str, Any]) -> str:
+    """The stage's sbatch options, as submit_command gives them to sbatch (shell quoting where needed)."""
+    words = shlex.split(submit_command(resources))
+    assert words[:len(_SUBMIT_HEAD)] == _SUBMIT_HEAD, words
+    return shlex.join(words[len(_SUBMIT_HEAD):])
 
 
 def active_stage_jobs(prefix: str) -> list[dict[str, str]]:

@@ -157,12 +157,31 @@ def workflow_from_dict(raw: dict[str, Any]) -> Workflow:
     if raw["report"]:
         stages.append(Stage(REPORT_STAGE, "report", {}, [], {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1,
                                                                "time": "00:10:00"}))
+    check_sbatch_values(raw["slurm"])
     for stage in stages:
         if stage.entry == "finetune" and not any(o.startswith("task=") for o in stage.overrides):
             raise WorkflowError(f"stage {stage.name}: a finetune stage needs task=NAME in its overrides "
                                 "(or list the task in workflow.downstream.tasks)")
     check_stages(stages)
     return Workflow(raw, tuple(stages))
+
+
+def check_sbatch_values(slurm: Mapping[str, Any]) -> None:
+    """What reaches sbatch from workflow.slurm can be passed whole (slurm.py quotes it), or is refused here: a control
+    character (a line break ends a shell command), and an extra_args item that is not one sbatch option."""
+    values = [(f"workflow.slurm.{key}", slurm.get(key)) for key in ("partition", "account", "qos", "constraint",
+                                                                     "reservation")]
+    values += [(f"workflow.slurm.controller.{key}", (slurm.get("controller") or {}).get(key))
+               for key in ("partition", "account")]
+    values += [(f"workflow.slurm.extra_args[{i}]", item) for i, item in enumerate(slurm.get("extra_args") or ())]
+    for where, value in values:
+        if value is not None and not str(value).isprintable():
+            raise WorkflowError(f"{where}: {value!r} holds a control character (a line break, a tab ...), which "
+                                "sbatch cannot be given safely")
+    for i, item in enumerate(slurm.get("extra_args") or ()):
+        if not item.startswith("-") or re.search(r"\s-", item):
+            raise WorkflowError(f"workflow.slurm.extra_args[{i}]: {item!r} is not one sbatch option; give one option "
+                                "per item, its value after = (e.g. ['--exclusive', '--gres=gpu:1'])")
 
 
 def known_tasks() -> list[str]:

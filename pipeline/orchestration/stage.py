@@ -9,6 +9,9 @@
 3. Runs the entry point from the launch's code snapshot, with its output appended to <run dir>/stage.log. In a SLURM
    job the processes are a job step of their own (srun, one per task, with the stage's CPUs per task and
    OMP_NUM_THREADS to match); only they get the time-limit signal, Snakemake's own processes beside them do not.
+   A pre-training whose try fails after writing a new checkpoint runs again from it, up to MAX_RESTARTS times (the
+   stage's environment, `workflow.env`; default 3), and one that fails before its first new checkpoint stops there
+   (pipeline/core/restarts.py, as in infra/slurm/train.sbatch); each try is in the run's record.
 4. Records the run (code version, package versions, each attempt), points <root>/<stage>/current at it, and writes
    the sentinel last.
 """
@@ -20,7 +23,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import BinaryIO, Callable
 
+from pipeline.core import restarts
 from pipeline.orchestration import identity, runs
 from pipeline.orchestration.spec import Stage, ranks_per_node
 from pipeline.orchestration.stages import entry_argv
@@ -64,6 +69,13 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def _noting_to(log: BinaryIO) -> Callable[[str], None]:
+    def note(message: str) -> None:
+        log.write(f"[{runs.now()}] {message}\n".encode())
+        log.flush()
+    return note
+
+
 def run_stage(launch: dict, name: str, log: str) -> None:
     """Runs stage `name` of the launch (the Snakemake config); raises StageError when it fails."""
     root, code = Path(launch["workflow"]["root"]), Path(launch["code"])
@@ -94,7 +106,13 @@ def run_stage(launch: dict, name: str, log: str) -> None:
             with open(log_path, "ab") as out:
                 out.write(f"\n[{runs.now()}] {' '.join(argv)}\n".encode())
                 out.flush()
-                exit_code = subprocess.run(argv, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT).returncode
+                if spec.entry == "train":     # restarted after a failure, stopped in a crash loop
+                    exit_code, attempt["tries"] = restarts.run_with_restarts(
+                        argv, run_dir, restarts.max_restarts(env), _noting_to(out), cwd=code, env=env, stdout=out,
+                        stderr=subprocess.STDOUT)
+                else:
+                    exit_code = subprocess.run(argv, cwd=code, env=env, stdout=out,
+                                               stderr=subprocess.STDOUT).returncode
             attempt.update(seconds=round(time.perf_counter() - started, 1), exit=exit_code, ended=runs.now())
             if exit_code != 0:
                 runs.write_json(run_dir / runs.RECORD, record)

@@ -2,7 +2,7 @@
 misspelt key or group fails here, before anything runs), checked at the stage's declared shape (check_stage), and
 its identity (identity.py). The stage's command line takes its inputs' run directories when the stage starts.
 
-Three kinds of overrides reach an entry point: the stage's own (conf/workflow/), the workflow's operational ones
+Three kinds of overrides reach an entry point: the stage's own (conf/workflow/), the workflow's own settings
 (W&B group and mode, devices from the stage's resources, data prep's runner options), and the wired paths (its
 inputs' run directories and its own). identity.py keeps the composed config minus what shapes no result, whichever
 kind set it.
@@ -25,8 +25,8 @@ PROGRAMS = {"data_prep": ["data_prep/run.py"], "train": ["pipeline/train.py"], "
 
 
 def operational_overrides(workflow: Workflow, stage: Stage) -> list[str]:
-    """What the workflow adds to a stage that shapes no result: where its W&B run goes, how many processes it
-    has, how data prep runs."""
+    """What the workflow adds to a stage from its own settings: where its W&B run goes, how many processes it
+    has (which does shape a training's data stream: pipeline/core/shaping.py), how data prep runs."""
     if stage.entry == "data_prep":
         return list(workflow.data_prep["args"])
     if stage.entry not in ("train", "finetune"):
@@ -113,7 +113,7 @@ def stage_specs(workflow: Workflow, check_shapes: bool = True) -> dict[str, Stag
     WorkflowError on the first stage that does not pass."""
     from omegaconf import OmegaConf
 
-    checksums = identity.Checksums(workflow.state_dir / "checksums.json")
+    checksums = identity.Checksums(workflow.state_dir / "checksums.json", rehash=bool(workflow.rehash_inputs))
     rerun = set(workflow.rerun_code_changed)
     specs = {}
     for stage in workflow.stages:

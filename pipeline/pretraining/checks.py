@@ -1,10 +1,14 @@
 """Everything a pre-training run checks before it starts: the model, the batch arithmetic for its devices, the
-schedule, the strategy with the optimizer, the checkpoint to resume or start from, the loggers and the shard set
-against the model. A wrong setting stops the run here, saying what to change, not hours into it.
+schedule, the strategy with the optimizer, the checkpoint to resume or start from, the loggers, the shard set
+against the model, and a resume's config against the run's record (pipeline/core/run_record.py: what shapes the run
+may change only when the resume accepts it, resume.accept_changes). A wrong setting stops the run here, saying what
+to change, not hours into it.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,12 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from model import PRESETS, BertConfig
 from pipeline.core import app
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
+from pipeline.core.checkpoint_retention import Retention
 from pipeline.core import devices
 from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.fp8 import check_fp8_settings
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
 from pipeline.core.optim import check_optimizer_config, warmup_steps_of
+from pipeline.core.run_record import check_start
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
 
@@ -57,7 +63,7 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig, output_dir: Path)
         # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
         # stops the run now, named, rather than hours in wherever its row group comes. The run's record of what it
         # verified spares its later starts (requeues, resumes) hashing the files that did not change.
-        verify = bool(cfg.data.get("verify_checksums", True)) and is_first_process()
+        verify = cfg.data.get("verify_checksums", True) if is_first_process() else False   # true, full or false
         shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
                                   verify_checksums=verify, verification_record=output_dir / RECORD_NAME)
     except FileNotFoundError as error:
@@ -206,6 +212,9 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_strategy_and_optimizer(cfg)
     check_export(cfg)
     check_compile(cfg)
+    Retention.from_config(cfg.callbacks.checkpoint)       # callbacks.checkpoint.keep_*: refused here, not at the start
+    from pipeline.pretraining.data.verify import checksum_mode
+    checksum_mode(cfg.data.get("verify_checksums", True))
     if cfg.model.get("fp8"):
         check_fp8_settings(trainer_cfg.get("accelerator", "auto"))   # the card itself is checked at the run's start
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
@@ -247,3 +256,23 @@ class PretrainChecks:
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
         self.shard_set = _open_shard_set(cfg, self.model_config, self.output_dir)
         self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)
+        # Last, with every setting checked: a resume continues the run its record names, or stops here on every rank
+        self.run_record = check_start(self.output_dir, "train", OmegaConf.to_container(cfg, resolve=True),
+                                      resuming_from=self.resumes_from,
+                                      inputs={"data.path": shard_set_content(self.shard_set.manifest)})
+
+    @property
+    def resumes_from(self) -> str | None:
+        """The checkpoint the run resumes from: ckpt_path, or an hpc_ckpt_*.ckpt of Lightning's own SLURM requeue
+        (earlier versions), which Lightning resumes from without being asked."""
+        hpc = sorted(self.output_dir.glob("hpc_ckpt_*.ckpt"))
+        return self.ckpt_path or (str(hpc[-1]) if hpc else None)
+
+
+def shard_set_content(manifest: dict[str, Any]) -> str:
+    """The shard set by its content: each shard's rows, size and sha256, and the vocabulary (as the workflow counts
+    a data-prep stage's result: pipeline/orchestration/runs.py content_identity), not the manifest's date."""
+    tokenizer = manifest.get("tokenizer") or {}
+    record = {"shards": manifest.get("shards"),
+              "tokenizer": {k: tokenizer.get(k) for k in ("vocab_sha256", "vocab_size", "lowercase")}}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

@@ -23,8 +23,10 @@ from pytorch_lightning.strategies import DeepSpeedStrategy
 
 from model import BertForPreTraining
 from pipeline.core.callbacks.progress import StepProgressBar
+from pipeline.core.callbacks.run_record import WriteRunRecord
 from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.callbacks.throughput import ThroughputMonitor
+from pipeline.core.checkpoint_retention import STEP_FILENAME, Retention
 from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
 from pipeline.core.fp8 import apply_fp8
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
@@ -44,10 +46,12 @@ def _build_callbacks(cfg: DictConfig, checkpoint_dir: Path, progress_bar: bool
                      ) -> tuple[list[pl.Callback], ModelCheckpoint]:
     every = int(cfg.callbacks.checkpoint.get("every_n_train_steps") or 0)
     checkpoint = ResumingModelCheckpoint(
-        dirpath=str(checkpoint_dir), filename="step{step:07d}", auto_insert_metric_name=False,
+        dirpath=str(checkpoint_dir), filename=STEP_FILENAME, auto_insert_metric_name=False,
         every_n_train_steps=every, every_n_epochs=0, save_top_k=-1 if every else 0,
         save_last=bool(cfg.callbacks.checkpoint.get("save_last", True)), save_on_train_epoch_end=False,
         enable_version_counter=False,   # a resumed run overwrites last.ckpt (never last-v1.ckpt)
+        # the newest keep_last and every keep_every_n_steps-th periodic checkpoint; default: all
+        retention=Retention.from_config(cfg.callbacks.checkpoint),
     )
     throughput = cfg.callbacks.get("throughput") or {}
     callbacks: list[pl.Callback] = [
@@ -88,11 +92,19 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
     "last_checkpoint", "csv", "plot", "hf_export", "requeued"} (paths as strings, None for what was not written;
     csv, plot and hf_export on rank 0 only; requeued: the SLURM job id when the run stopped to be requeued).
     extra_callbacks: added to the Trainer's (tests use it)."""
+    from pipeline.core.app import output_dir
+    from pipeline.core.run_dir_lock import hold_run_dir
+
     plugins = cluster_plugins()
     # Under SLURM the requeue signal is handled from the very start: one arriving during the checks is kept, and
     # acted on at the first step (it would otherwise kill the process, without a checkpoint or a requeue).
-    with RequeueRequest() if plugins else contextlib.nullcontext() as requeue_request:
-        return _train(cfg, extra_callbacks, plugins, requeue_request)
+    # One trainer per run directory, held before the checks read it or remove a partial checkpoint from it; a run
+    # stopped to be requeued keeps it for its job's next start (pipeline/core/run_dir_lock.py).
+    with RequeueRequest() if plugins else contextlib.nullcontext() as requeue_request, \
+            hold_run_dir(output_dir(cfg, "train")) as run_dir:
+        result = _train(cfg, extra_callbacks, plugins, requeue_request)
+        run_dir.keep = bool(result["requeued"])
+        return result
 
 
 def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: list,
@@ -126,6 +138,7 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
                                                       bool(plan.trainer_cfg.get("enable_progress_bar", True)))
     # First: data.micro_batch_size=auto sizes the pass at setup, before any other hook, loader or strategy reads it
     callbacks.insert(0, plan.micro_batch.callback())
+    callbacks.append(WriteRunRecord(plan.run_record))   # the config record, at the step training starts from
     if requeue_request is not None:
         callbacks.append(RequeueOnSignal(requeue_request, checkpoint_dir))
     requeued: RequeueRequested | None = None

@@ -78,7 +78,7 @@ print(f"RANK {result['rank']} FINAL_STEP {result['global_step']}", flush=True)
 
 
 def run(tmp_path: Path, output_dir: Path, max_steps: int, torch_extensions_dir: str, shards: Path,
-        kill_in: str | None = None) -> subprocess.CompletedProcess:
+        kill_in: str | None = None, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     script = tmp_path / "deepspeed_training.py"
     script.write_text(SCRIPT)
     env = local_launch_env(DS_ACCELERATOR="cpu", TORCH_EXTENSIONS_DIR=torch_extensions_dir)
@@ -89,7 +89,7 @@ def run(tmp_path: Path, output_dir: Path, max_steps: int, torch_extensions_dir: 
                  f"trainer.max_steps={max_steps}", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
                  "trainer.enable_model_summary=false", "scheduler.warmup_steps=2",
                  "callbacks.checkpoint.every_n_train_steps=2", "callbacks.checkpoint.save_last=false",
-                 "ckpt_path=auto", "export.hf=false", "export.plot=false", "data.verify_checksums=false"]
+                 "ckpt_path=auto", "export.hf=false", "export.plot=false", "data.verify_checksums=false", *extra]
     return run_rank_group([sys.executable, str(script), *overrides], env, timeout_s=600)
 
 
@@ -133,7 +133,9 @@ def test_a_truncated_shard_of_the_newest_checkpoint_resumes_from_the_previous(ki
     with open(shard, "r+b") as handle:       # cut short in place, as a full disk or a bad copy would
         handle.truncate(size // 2)
 
-    again = run(tmp, run_dir, 8, torch_extensions_dir, small_shards)
+    # A longer run than the one checkpointed: a change of what shapes it, accepted as meant
+    again = run(tmp, run_dir, 8, torch_extensions_dir, small_shards,
+                extra=("resume.accept_changes=[trainer.max_steps]",))
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-6000:]
     assert (f"not resuming from {newest}: {tag}/{shard.name} has {size // 2} bytes, its completion record says "

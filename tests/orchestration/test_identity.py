@@ -79,10 +79,29 @@ def test_operational_settings_change_no_identity(tmp_path):
     operational = _identities(
         tmp_path, "workflow.wandb.mode=offline", "workflow.wandb.group=another", "workflow.env.SQUAD_DIR=/data/squad",
         "workflow.data_prep.args=['--runner=DirectRunner','--direct_num_workers=2']",
-        "workflow.stages.pretrain_phase1.resources.tasks_per_node=2",
         "workflow.downstream.overrides=['data.limit_train_examples=512','trainer.max_epochs=1',"
         "'trainer.enable_progress_bar=true','data.num_workers=2']")
     assert operational == base
+
+
+def test_a_resized_pretraining_runs_again_its_data_stream_follows_the_ranks(tmp_path):
+    """Each loader worker of each rank reads its own share of the epoch (tests/core/test_shaping_keys.py): two ranks
+    train on other rows in each step than one."""
+    base = _identities(tmp_path)
+    resized = _identities(tmp_path, "workflow.stages.pretrain_phase1.resources.tasks_per_node=2")
+    assert {name for name in base if base[name] != resized[name]} == {"pretrain_phase1"}
+
+
+@pytest.mark.parametrize("key, shapes", [("data.num_workers", True), ("data.micro_batch_size", True),
+                                         ("trainer.devices", True), ("trainer.num_nodes", True),
+                                         ("model.compile", False), ("model.cuda_graphs", False),
+                                         ("validation.path", False), ("validation.max_batches", False),
+                                         ("validation.every_n_steps", False), ("trainer.accelerator", False)])
+def test_pretraining_keys_count_as_they_shape_the_run(key, shapes, tmp_path):
+    """Loader workers, the pass size and the devices change the data stream; compiling (other kernels, the same
+    steps) and validation (its own generator, no dropout) do not change what the run trains."""
+    config = COMPOSED["train"]
+    assert (_identity("train", _changed(config, key), tmp_path) != _identity("train", config, tmp_path)) == shapes
 
 
 def test_a_config_change_changes_that_stage_only(tmp_path):

@@ -1,13 +1,23 @@
 """A stage's resources become the sbatch options the shipped recipes need: the SLURM executor's own submit-command
 builder (slurm.sbatch_line, which `plan` prints) turns our rule resources into the sbatch line, checked here
-for the shapes of bert_base; the requeue contract comes from infra/slurm/train.sbatch, where it is written once."""
+for the shapes of bert_base; the requeue contract comes from infra/slurm/train.sbatch, where it is written once, and
+the executor's profile agrees with it. What the workflow config adds (a reservation, extra options) reaches sbatch
+whole through the executor's shell command line, or is refused."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import yaml
 
+from pipeline.orchestration import slurm
 from pipeline.orchestration.slurm import megabytes, minutes, requeue_contract, rule_resources, sbatch_line
-from pipeline.orchestration.spec import load_workflow
+from pipeline.orchestration.spec import WorkflowError, load_workflow
 
+PROFILE = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "snakemake" / "config.yaml"   # the executor's
 pytest.importorskip("snakemake_executor_plugin_slurm.submit_string")
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra  # noqa: E402
 
@@ -41,7 +51,7 @@ def test_a_one_process_pretraining_gets_the_requeue_signal_too(tmp_path):
 def test_a_one_gpu_downstream_task_is_a_plain_job_with_its_gpu(tmp_path):
     resources, line = _line(tmp_path, "finetune_mnli")
     assert resources["gpu"] == 1
-    assert "--gpus=1" in line and "--mem 65536" in line and "--requeue" not in line and "-t 720" in line
+    assert "--gpus=1" in line and "--mem 65536" in line and "--signal" not in line and "-t 720" in line
 
 
 def test_data_prep_asks_for_its_cpus_and_memory(tmp_path):
@@ -75,3 +85,47 @@ def test_memory_sizes():
     assert (megabytes("64G"), megabytes("500M"), megabytes("0"), megabytes("2T")) == (65536, 500, 0, 2097152)
     with pytest.raises(ValueError, match="give a size"):
         megabytes("lots")
+
+
+def test_the_executor_leaves_a_node_failure_to_slurm_as_the_stage_jobs_ask(tmp_path, monkeypatch):
+    """Pre-training jobs may be requeued (train.sbatch's --requeue): SLURM requeues one whose node failed. The executor
+    must then wait for it, not count NODE_FAIL as a failure and submit the stage again beside it."""
+    profile = yaml.safe_load(PROFILE.read_text())
+    assert "requeue" in requeue_contract()
+    assert profile.get("slurm-requeue") is True and not profile.get("slurm-no-requeue"), profile
+    wf = load_workflow(["+workflow=bert_base", "workflow.corpus_root=/c", f"workflow.root={tmp_path}"])
+    for stage in wf.stages[:-1]:                        # every stage job (the report runs in the controller)
+        assert "--requeue" in sbatch_line(rule_resources(stage.resources, stage.entry, wf.slurm)).split(), stage.name
+    monkeypatch.setattr(slurm, "EXECUTOR_PROFILE", tmp_path / "profile.yaml")
+    (tmp_path / "profile.yaml").write_text("executor: slurm\n")
+    stage = wf.stage("pretrain_phase1")
+    with pytest.raises(WorkflowError, match="does not set slurm-requeue: true"):
+        rule_resources(stage.resources, stage.entry, wf.slurm)
+
+
+def test_a_reservation_and_extra_options_reach_sbatch_whole_through_the_shell(tmp_path):
+    reservation = "maint window; touch injected; true"
+    wf = load_workflow(["+workflow=bert_base", "workflow.corpus_root=/c", f"workflow.root={tmp_path}",
+                        f"workflow.slurm.reservation='{reservation}'", "workflow.slurm.extra_args=['--begin=now+1hour',"
+                        "'--mail-user=a b@example.org']"])
+    stage = wf.stage("pretrain_phase1")
+    line = sbatch_line(rule_resources(stage.resources, stage.entry, wf.slurm))
+    # the executor runs its sbatch command through a shell (subprocess with shell=True): here with sbatch's arguments
+    # printed instead
+    printed = subprocess.run(f"{sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' {line}",
+                             shell=True, cwd=tmp_path, capture_output=True, text=True)
+    assert not (tmp_path / "injected").exists()
+    arguments = json.loads(printed.stdout.splitlines()[0])
+    assert f"--reservation={reservation}" in arguments and "--mail-user=a b@example.org" in arguments, arguments
+    assert "--begin=now+1hour" in arguments and "--signal=USR1@120" in arguments
+
+
+@pytest.mark.parametrize("setting, refusal", [
+    ("workflow.slurm.extra_args=['--exclusive --gres=gpu:1']",
+     r"extra_args\[0\]: '--exclusive --gres=gpu:1' is not one sbatch option; give one option per item"),
+    ("workflow.slurm.extra_args=[exclusive]", r"extra_args\[0\]: 'exclusive' is not one sbatch option"),
+    ("workflow.slurm.reservation='maint\nrm -rf x'", r"workflow.slurm.reservation: .* holds a control character"),
+])
+def test_sbatch_values_that_cannot_be_passed_whole_are_refused(tmp_path, setting, refusal):
+    with pytest.raises(WorkflowError, match=refusal):
+        load_workflow(["+workflow=tiny", f"workflow.root={tmp_path}", setting])

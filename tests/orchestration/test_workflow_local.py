@@ -78,7 +78,8 @@ def test_tiny_workflow_runs_locally_and_reruns_exactly_what_changed(readme_workf
     operational = ("workflow.wandb.mode=offline", "workflow.env.SQUAD_DIR=/nonexistent/squad",
                    "workflow.downstream.overrides=['data.limit_train_examples=512','trainer.max_epochs=1',"
                    "'trainer.enable_progress_bar=true']",
-                   f"workflow.stages.pretrain_phase1.overrides={[*PHASE1, 'data.micro_batch_size=4']}")
+                   "workflow.stages.pretrain_phase1.overrides="
+                   f"{[*PHASE1, 'data.micro_batch_size=8', 'data.pad_to_multiple_of=16', 'model.compile=true']}")
     plan = wf.plan(*operational)
     assert all(plan[stage].startswith("skip: done") for stage in STAGES), plan
     assert wf.run(*operational).returncode == 0 and _attempts(root) == attempts

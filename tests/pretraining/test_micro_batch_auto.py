@@ -273,7 +273,7 @@ def test_a_resume_keeps_the_recorded_size_where_a_new_probe_would_choose_another
     shutil.copytree(source, out)
     probe = InjectedPeaks({size: 1 * GIB for size in (8, 4, 2, 1)}).install(monkeypatch)   # 8 would fit now
     record, result = _train(small_shards, out, tiny_overrides, "data.micro_batch_size=auto", "ckpt_path=last",
-                            steps=STEPS + 2)
+                            "resume.accept_changes=[trainer.max_steps]", steps=STEPS + 2)
     assert probe.sizes == [] and record.shape == (4, 2) and result["global_step"] == STEPS + 2
     written = json.loads((out / micro_batch.RECORD_NAME).read_text())
     assert (written["micro_batch_size"], written["source"]) == (4, "probe")    # how it was chosen, kept
@@ -286,7 +286,7 @@ def test_a_resume_with_another_number_runs_with_it_and_logs_the_change(auto_run,
     shutil.copytree(source, out)
     with caplog.at_level(logging.WARNING, logger="pipeline.pretraining"):
         record, result = _train(small_shards, out, tiny_overrides, "data.micro_batch_size=8", "ckpt_path=last",
-                                steps=STEPS + 2)
+                                "resume.accept_changes=[trainer.max_steps,data.micro_batch_size]", steps=STEPS + 2)
     assert record.shape == (8, 1) and result["global_step"] == STEPS + 2
     assert "micro_batch.json records 4 sequences per pass" in caplog.text
     assert json.loads((out / micro_batch.RECORD_NAME).read_text())["micro_batch_size"] == 8

@@ -60,7 +60,7 @@ def _run_train_sbatch(tmp_path: Path, restart_count: int, own_checkpoint: bool, 
     env.update(PATH=f"{fake_bin}:{env['PATH']}", SRUN_ARGS=str(tmp_path / "srun_args"), SLURM_SUBMIT_DIR=str(tmp_path),
                SLURM_JOB_ID="77", SLURM_JOB_NAME="bert-pretrain", SLURM_NNODES="4", SLURM_NTASKS_PER_NODE="8",
                SLURM_CPUS_PER_TASK="12", SLURM_JOB_NODELIST="gpu[01-04]", SLURM_RESTART_COUNT=str(restart_count),
-               PYTHONPATH=str(REPO_ROOT))
+               PYTHONPATH=str(REPO_ROOT), GLOO_SOCKET_IFNAME="eth0")   # 4 nodes: gloo's interface is named
     subprocess.run(["bash", str(INFRA / "train.sbatch"), "strategy=deepspeed_stage_2", *args],
                    env=env, check=True, capture_output=True, text=True)
     return (tmp_path / "srun_args").read_text().splitlines()
@@ -122,5 +122,6 @@ srun {sys.executable} {INFRA / 'smoke_ddp.py'} --out {out}
     assert {r["slurm_job_id"] for r in ranks} == {job_id}
     assert sorted(r["slurm_procid"] for r in ranks) == ["0", "1"]
     assert {r["backend"] for r in ranks} == {"gloo"}
+    assert {r["requeue_group_ranks"] for r in ranks} == {2}      # the requeue's own gloo group reached both ranks
     assert {r["global_step"] for r in ranks} == {4}
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"], "DDP ranks diverged"

@@ -6,19 +6,20 @@
   so the epoch would stay at 0. This loader asks `epoch_and_skip()` at every iter(), in the main process,
   before worker processes copy the dataset, which works with or without reloading.
 - Worker processes send each batch as one block of bytes (packed_batch.py); iterating gives the usual dict.
+- The workers ignore the requeue signal, whatever the start method (pipeline/core/requeue_safe_loader.py).
 """
 from __future__ import annotations
 
 from typing import Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
 
+from pipeline.core.requeue_safe_loader import RequeueSafeDataLoader
 from pipeline.pretraining.data.dataset import PretrainingDataset
 from pipeline.pretraining.data.packed_batch import PackedBatch
 
 
-class PretrainingDataLoader(DataLoader):
+class PretrainingDataLoader(RequeueSafeDataLoader):
     def __init__(self, dataset: PretrainingDataset, epoch_and_skip: Callable[[], tuple[int, int]] | None = None, *,
                  pin_memory: bool = False, prefetch_factor: int | None = None,
                  generator: torch.Generator | None = None):

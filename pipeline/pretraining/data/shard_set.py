@@ -120,21 +120,23 @@ class ShardSet:
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, max_seq_length: int, vocab_size: int,
-             verify_checksums: bool = False, verification_record: str | os.PathLike | None = None) -> "ShardSet":
+             verify_checksums: bool | str = False, verification_record: str | os.PathLike | None = None
+             ) -> "ShardSet":
         """Open the set at `path` for a model of `vocab_size` tokens trained on sequences of `max_seq_length`.
 
         Raises FileNotFoundError for a missing set or shard, ValueError for a set that does not fit.
         verify_checksums: also hash every shard against the manifest (reads the whole set once, in parallel);
-        with verification_record (a JSON file), only the shards whose size or mtime changed since it recorded them
-        as verified (verify.py).
+        with verification_record (a JSON file), only the shards that changed since it recorded them as verified
+        (verify.py); "full": every shard, whatever the record says.
         """
         path = str(path)
         manifest = _read_manifest(path, max_seq_length)
         _check_fits(path, manifest, max_seq_length, vocab_size)
-        if verify_checksums:
-            from pipeline.pretraining.data.verify import verify_shard_set
+        from pipeline.pretraining.data.verify import checksum_mode, verify_shard_set
+        mode = checksum_mode(verify_checksums)
+        if mode is not None:
             record = Path(verification_record) if verification_record is not None else None
-            result = verify_shard_set(path, manifest, record=record)
+            result = verify_shard_set(path, manifest, record=record, full=mode == "full")
             if result.bad_files:
                 raise ValueError(f"shard set {path}: {result.bad_files} differ from the sizes and sha256 in its "
                                  "manifest (corrupted or rewritten); restore them from a copy or re-run data_prep. "

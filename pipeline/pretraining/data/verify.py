@@ -5,9 +5,14 @@
 A corrupt shard otherwise surfaces as a decompression error wherever its row group happens to come in the
 epoch, possibly hours into a run; hashing the set first costs seconds per GB (see README) and names the files.
 
-A run keeps a record of what it verified (`record`: <output_dir>/verified_shards.json, each file's size, mtime and
-the sha256 it matched), so its later starts (a SLURM requeue, a resume) hash only the files whose size or mtime
-changed since, instead of the whole set on rank 0 while the other ranks wait.
+A run keeps a record of what it verified (`record`: <output_dir>/verified_shards.json, each file's identity and the
+sha256 it matched), so its later starts (a SLURM requeue, a resume) hash only the files that changed since, instead of
+the whole set on rank 0 while the other ranks wait. A local file counts as unchanged while its inode, size, mtime and
+ctime are: `cp -p`, `rsync -a` or `touch -r` can put back a size and an mtime, but a write, a replacement or a utime
+call gives a new ctime (or inode), which only the kernel sets. On a remote filesystem (gs://, s3://) the size and the
+time the store itself records for the object's last write count. Not the device number: it differs from node to node
+for the same NFS or Lustre file, so a requeue on another node would hash the whole set again. Training's
+`data.verify_checksums=full` (this command always) hashes every file whatever the record says.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Any
 from pipeline.core.atomic_files import write_atomically
 
 RECORD_NAME = "verified_shards.json"
+MODES = {True: "changed", False: None, "full": "full"}   # data.verify_checksums: what a start hashes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,31 +46,40 @@ class Verification:
 
     def describe(self) -> str:
         unchanged = self.files - self.hashed_files
-        skipped = f"; {unchanged} unchanged since their recorded check (size and mtime)" if unchanged else ""
+        skipped = f"; {unchanged} unchanged since their recorded check (inode, size, mtime, ctime)" if unchanged else ""
         return (f"{self.files} files, {self.bytes / 1e9:.3f} GB: {self.hashed_files} hashed "
                 f"({self.hashed_bytes / 1e9:.3f} GB) against the manifest's sizes and sha256 in {self.seconds:.2f} s "
                 f"({self.seconds_per_gb:.2f} s per GB, {self.threads} threads){skipped}")
 
 
+def checksum_mode(value: Any) -> str | None:
+    """data.verify_checksums: true ("changed": what the run's record does not vouch for), full, or false (None)."""
+    for known, mode in MODES.items():
+        if value is known or (isinstance(value, str) and value.lower() == str(known).lower()):
+            return mode
+    raise ValueError(f"data.verify_checksums={value!r}: use true (hash the shards that changed since this run "
+                     "verified them), full (hash every shard) or false (hash none)")
+
+
 def verify_shard_set(path: str, manifest: dict[str, Any] | None = None, threads: int | None = None,
-                     record: Path | None = None) -> Verification:
-    """Hash the set's files against the manifest; with `record`, only those not recorded there as verified at their
-    current size and mtime, and record the ones that pass."""
+                     record: Path | None = None, full: bool = False) -> Verification:
+    """Hash the set's files against the manifest; with `record`, only those not recorded there as verified as they
+    are now (unless `full`), and record the ones that pass."""
     # Imported here: data_prep.manifest loads Apache Beam (~1.5 s), which loader worker processes never need.
     from data_prep.manifest import read_manifest, shard_file_entries, verify_files
 
     manifest = manifest or read_manifest(path)
     entries = shard_file_entries(manifest)
     threads = threads or min(8, os.cpu_count() or 1, max(len(entries), 1))
-    recorded = _read_record(record)
+    recorded = {} if full else _read_record(record)
     stats = {entry["path"]: _stat(path, entry["path"]) for entry in entries}
     to_hash = [entry for entry in entries if recorded.get(_key(path, entry)) != _verified(entry, stats[entry["path"]])]
     started = time.perf_counter()
     bad = verify_files(path, to_hash, threads=threads)
     seconds = time.perf_counter() - started
     if record is not None:
-        # The files that passed now or before, at the size and mtime they had when hashed (read before hashing: a
-        # file rewritten meanwhile has another mtime at the next start, and is hashed again then).
+        # The files that passed now or before, as they were when hashed (stat read before hashing: a file rewritten
+        # meanwhile has another ctime at the next start, and is hashed again then).
         verified = {_key(path, entry): _verified(entry, stats[entry["path"]]) for entry in entries
                     if entry["path"] not in bad and stats[entry["path"]] is not None}
         write_atomically(record, json.dumps(verified, indent=1, sort_keys=True))
@@ -77,22 +92,24 @@ def _key(shard_dir: str, entry: dict[str, Any]) -> str:
     return joined if "://" in shard_dir else str(Path(joined).resolve())
 
 
-def _verified(entry: dict[str, Any], stat: tuple[int, int] | None) -> dict[str, Any] | None:
+def _verified(entry: dict[str, Any], stat: dict[str, int] | None) -> dict[str, Any] | None:
     if stat is None:
         return None
-    return {"size": stat[0], "mtime_ns": stat[1], "sha256": entry["sha256"]}
+    return {**stat, "sha256": entry["sha256"]}
 
 
-def _stat(shard_dir: str, name: str) -> tuple[int, int] | None:
-    """(size, mtime in ns) of a shard file, local or on any Beam filesystem; None when it cannot be read."""
+def _stat(shard_dir: str, name: str) -> dict[str, int] | None:
+    """What identifies a shard file's content short of reading it (see the module docstring), local or on any Beam
+    filesystem; None when it cannot be read."""
     try:
         if "://" not in shard_dir:
             stat = os.stat(os.path.join(shard_dir, name))
-            return stat.st_size, stat.st_mtime_ns
+            return {"size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns,
+                    "ctime_ns": stat.st_ctime_ns}
         from apache_beam.io.filesystems import FileSystems
 
         metadata = FileSystems.match([f"{shard_dir.rstrip('/')}/{name}"])[0].metadata_list[0]
-        return int(metadata.size_in_bytes), int(metadata.last_updated_in_seconds * 1e9)
+        return {"size": int(metadata.size_in_bytes), "mtime_ns": int(metadata.last_updated_in_seconds * 1e9)}
     except Exception:   # noqa: BLE001 - any filesystem's error: hash the file instead, which reports it
         return None
 
