@@ -8,8 +8,11 @@
     python pipeline/train.py ckpt_path=last hydra.run.dir=<run>   # resume a run, same logs
 
 The run itself: pipeline/pretraining/run.py. Under SLURM, a run stopped by the requeue signal exits with status 75
-(pipeline/core/requeue.py: checkpoint saved, job requeued; its next start resumes).
+(pipeline/core/requeue.py: checkpoint saved, job requeued; its next start resumes). A run stopped by SIGINT (Ctrl-C)
+exits with 130 (128 + its number, as a shell reports it), not Lightning's 1 of any failure: what restarts a failed
+training (pipeline/core/restarts.py) must not start again a run that somebody stopped.
 """
+import signal
 import sys
 
 import hydra
@@ -20,9 +23,22 @@ from pipeline.core.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
 
+STOPPED_BY: list[int] = []    # SIGINT, once received
+
+
+def _note_interrupt(signum: int, frame) -> None:
+    STOPPED_BY.append(signum)
+    signal.default_int_handler(signum, frame)    # KeyboardInterrupt, as without this handler
+
+
 @hydra.main(config_path="../conf/training", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except BaseException:
+        if STOPPED_BY:    # Lightning turns Ctrl-C into sys.exit(1), as any failure: say it was a stop
+            sys.exit(128 + STOPPED_BY[0])
+        raise
     if result["requeued"]:
         sys.exit(REQUEUED_EXIT_CODE)
     if result["rank"] == 0:
@@ -30,4 +46,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _note_interrupt)
     main()

@@ -7,6 +7,8 @@ the OOM killer would end a run of weeks until someone notices. So the training c
 ends, by its exit status:
 
 - 0: the run finished; REQUEUED_EXIT_CODE (75): the job was requeued, its next start resumes. Either ends here.
+- stopped by SIGINT or SIGTERM (Ctrl-C, `kill`, `scancel`: killed by it, or the shell's 128 + its number, which
+  pipeline/train.py exits with when it stops on one): somebody stopped it on purpose. That ends here too.
 - anything else, the try failed. When the run's newest complete checkpoint (checkpoint_files.py) is newer than at the
   try's start, the try got somewhere: the command runs again, resuming from that checkpoint (its `ckpt_path=...`
   becomes `ckpt_path=auto`), at most MAX_RESTARTS times (default 3) per start of the job. When it is not, the try
@@ -37,6 +39,7 @@ from pipeline.core.checkpoint_files import CHECKPOINT_DIR, newest_complete_check
 # nothing that runs the training (the workflow's stage runner, a shell script) takes the phase as finished.
 REQUEUED_EXIT_CODE = 75
 MAX_RESTARTS_VARIABLE, DEFAULT_MAX_RESTARTS = "MAX_RESTARTS", 3
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)   # a try ended by one of these was stopped, not failed
 FORWARDED_SIGNALS = (signal.SIGUSR1,)    # pipeline/core/requeue_safe_loader.REQUEUE_SIGNAL, without importing torch
 
 
@@ -69,6 +72,8 @@ def decide(attempt: int, exit_code: int, before: tuple[str, int] | None, after: 
     newest complete checkpoint at the try's start and end."""
     if exit_code in (0, REQUEUED_EXIT_CODE):
         return False, None
+    if stopped_by(exit_code) is not None:
+        return False, f"try {attempt} was stopped ({stopped_by(exit_code).name}): not started again"
     failed = f"try {attempt} failed ({_status(exit_code)})"
     if after is None or (before is not None and after[1] <= before[1]):
         newest = f"still {before[0]}" if before else "none yet"
@@ -83,6 +88,14 @@ def decide(attempt: int, exit_code: int, before: tuple[str, int] | None, after: 
                        f"same run directory, it resumes from {after[0]}.")
     return True, (f"{failed} after writing {after[0]}: starting try {attempt + 1} from it (restart "
                   f"{restarts_done + 1} of at most {restarts_allowed}, {MAX_RESTARTS_VARIABLE})")
+
+
+def stopped_by(exit_code: int) -> signal.Signals | None:
+    """The stop signal (STOP_SIGNALS) that ended a process with `exit_code` (Popen's -N, or a shell's 128 + N)."""
+    for signum in STOP_SIGNALS:
+        if exit_code in (-signum, 128 + signum):
+            return signum
+    return None
 
 
 def _status(exit_code: int) -> str:

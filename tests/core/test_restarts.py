@@ -66,6 +66,16 @@ def test_a_finished_or_requeued_try_is_never_started_again(tmp_path):
         assert len((tmp_path / "tries.txt").read_text().splitlines()) == 1
 
 
+def test_a_try_stopped_on_purpose_is_never_started_again(tmp_path):
+    """Ctrl-C or a kill after a new checkpoint: 130 and 143 (pipeline/train.py exits 130 on SIGINT, not Lightning's
+    1), or killed by the signal itself."""
+    for status, name in ((130, "SIGINT"), (143, "SIGTERM")):
+        (tmp_path / "tries.txt").unlink(missing_ok=True)
+        code, output = finished(supervise(tmp_path, True, status))
+        assert code == status and f"try 1 was stopped ({name}): not started again" in output, output
+        assert len((tmp_path / "tries.txt").read_text().splitlines()) == 1
+
+
 def test_the_requeue_signal_sent_to_the_supervisor_reaches_the_try(tmp_path):
     """`scancel --batch --signal=USR1`, `--signal=B:USR1@N`: the batch shell is the supervisor (train.sbatch
     execs it)."""
