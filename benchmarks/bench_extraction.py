@@ -20,7 +20,6 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from common import REPO_ROOT, add_shared_data_flag, shared_path  # noqa: E402
 
 
@@ -58,13 +57,15 @@ def extraction_speed(init: Path, texts: list[str], batch_size: int = 128) -> dic
                                    atol=1e-4, rtol=1e-4)
     n = len(texts)
     return {"sentences": n, "ours_per_second": n / ours_seconds, "transformers_per_second": n / theirs_seconds,
-            "ratio": theirs_seconds / ours_seconds, "ours_seconds": ours_seconds, "transformers_seconds": theirs_seconds}
+            "ratio": theirs_seconds / ours_seconds, "ours_seconds": ours_seconds,
+            "transformers_seconds": theirs_seconds}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_shared_data_flag(parser)
-    parser.add_argument("--init", type=Path, required=True, help="a Hugging Face directory of BERT (e.g. a run's hf_export)")
+    parser.add_argument("--init", type=Path, required=True,
+                        help="a Hugging Face directory of BERT (e.g. a run's hf_export)")
     parser.add_argument("--sentences", type=int, default=20000)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

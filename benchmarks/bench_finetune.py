@@ -75,13 +75,13 @@ class OursSide:
 
     def __init__(self, init: Path, data: Path, cache: Path, examples: int | None, lr: float, grouped: bool,
                  batch_size: int = 32):
+        from pipeline.core.optim import build_optimizer, build_scheduler
         from pipeline.core.weights import load_into_task_model, load_pretrained
         from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
         from pipeline.finetuning.features import featurize
         from pipeline.finetuning.module import build_task_model
-        from pipeline.finetuning.tokenizer import load_tokenizer
-        from pipeline.core.optim import build_optimizer, build_scheduler
         from pipeline.finetuning.tasks import get_task
+        from pipeline.finetuning.tokenizer import load_tokenizer
 
         self.name = f"ours, {'length-grouped' if grouped else 'random order'}, padded to longest"
         torch.manual_seed(0)
@@ -214,8 +214,8 @@ def bench_squad_inference(dev_file: Path, questions: int | None, batch_size: int
     from model import BertConfig, BertForQuestionAnswering
     from model.hf_conversion import hf_task_config_dict, task_to_hf_state_dict
     from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader
-    from pipeline.finetuning.tokenizer import load_tokenizer
     from pipeline.finetuning.tasks import get_task
+    from pipeline.finetuning.tokenizer import load_tokenizer
 
     task = get_task("squad_v1")
     settings = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64, "n_best": 20,

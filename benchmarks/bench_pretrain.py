@@ -88,7 +88,8 @@ def training_batches(shards: Path, batch_size: int, steps: int, seed: int, vocab
 
     shard_set = ShardSet.open(shards, max_seq_length=128, vocab_size=vocab_size)
     if shard_set.masking != "static":
-        sys.exit(f"{shards} is masked dynamically; this comparison feeds static-masked batches (data_prep masking=static)")
+        sys.exit(f"{shards} is masked dynamically; this comparison feeds static-masked batches "
+                 "(data_prep masking=static)")
     dataset = PretrainingDataset(shard_set, batch_size, seed=seed)
     produced, epoch = 0, 0
     while produced < steps:
@@ -174,13 +175,13 @@ def training_config(preset: str, steps: int, lr: float, warmup: int):
 def build_sides(cfg, steps: int, seed: int, lr_error: float) -> tuple[list[Side], float]:
     """ours, transformers and the control, from one initialisation; returns them and the largest difference of
     their initial MLM logits (transformers vs ours) on a probe batch."""
+    import transformers
     from omegaconf import OmegaConf
 
     from model import BertForPreTraining
     from model.hf_conversion import hf_config_from, to_hf_state_dict
     from pipeline.core.optim import build_optimizer, build_scheduler
     from pipeline.pretraining.checks import model_config_of
-    import transformers
 
     config = model_config_of(cfg)
     optimizer_cfg = OmegaConf.to_container(cfg.optimizer, resolve=True)
@@ -249,7 +250,8 @@ HEADER = (f"{'step':>5} {'lr':>9} | {'MLM ours':>10} {'MLM HF':>10} {'|diff|':>8
 def table_row(row: dict) -> str:
     """One step; `control` is |control - ours|, the numerical noise of that step."""
     o, h, c = row["ours"], row["transformers"], row["control"]
-    return (f"{row['step']:>5} {row['lr']:>9.2e} | {o['mlm']:>10.6f} {h['mlm']:>10.6f} {abs(h['mlm'] - o['mlm']):>8.1e} "
+    return (f"{row['step']:>5} {row['lr']:>9.2e} | {o['mlm']:>10.6f} {h['mlm']:>10.6f} "
+            f"{abs(h['mlm'] - o['mlm']):>8.1e} "
             f"{abs(c['mlm'] - o['mlm']):>8.1e} | {o['nsp']:>9.6f} {h['nsp']:>9.6f} {abs(h['nsp'] - o['nsp']):>8.1e} "
             f"{abs(c['nsp'] - o['nsp']):>8.1e} | {abs(h['grad_norm'] - o['grad_norm']):>16.1e}")
 
@@ -292,10 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{QUICK['preset']}, {QUICK['steps']} steps of "
                         f"{QUICK['batch']}, one bundled book (a few minutes)")
     parser.add_argument("--preset", help=f"model preset (default {FULL['preset']}; --quick {QUICK['preset']})")
-    parser.add_argument("--steps", type=int, help=f"optimizer steps (default {FULL['steps']}; --quick {QUICK['steps']})")
-    parser.add_argument("--batch", type=int, help=f"sequences per step (default {FULL['batch']}; --quick {QUICK['batch']})")
+    parser.add_argument("--steps", type=int,
+                        help=f"optimizer steps (default {FULL['steps']}; --quick {QUICK['steps']})")
+    parser.add_argument("--batch", type=int,
+                        help=f"sequences per step (default {FULL['batch']}; --quick {QUICK['batch']})")
     parser.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4: BERT-mini leaves the "
-                        "unigram plateau within the run's 300 steps; at 1e-3 it stays on it, benchmarks/README.md)")
+                        "unigram plateau within the run's 300 steps; at 1e-3 it stays on it, "
+                        "studies/pretraining_pays/README.md)")
     parser.add_argument("--shards", type=Path, help="a static-masked shard set at seq 128 (default: made from the "
                         "bundled books with data_prep, in a temporary directory)")
     parser.add_argument("--every", type=int, default=25, help="print a table row every N steps")
@@ -314,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads or (1 if args.quick else 2))
     import transformers
     print("command: python benchmarks/bench_pretrain.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    print(f"date {time.strftime('%Y-%m-%d %H:%M')}, torch {torch.__version__}, transformers {transformers.__version__}, "
+    print(f"date {time.strftime('%Y-%m-%d %H:%M')}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, "
           f"threads {torch.get_num_threads()}, CPU cores {os.cpu_count()}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     cfg = training_config(preset, steps, args.lr, min(size["warmup"], steps - 1))
@@ -322,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {preset} (dropout 0 on every side), {steps} steps of {batch_size} sequences, fp32; "
           f"optimizer {cfg.optimizer.name} lr {args.lr:g} eps {cfg.optimizer.eps} weight decay "
           f"{cfg.optimizer.weight_decay}, groups (weight decay, parameters) {groups}; warmup "
-          f"{cfg.scheduler.warmup_steps} steps then linear decay to 0 at step {steps}; clip {cfg.trainer.gradient_clip_val}")
+          f"{cfg.scheduler.warmup_steps} steps then linear decay to 0 at step {steps}; "
+          f"clip {cfg.trainer.gradient_clip_val}")
     if args.inject_lr_error:
         print(f"INJECTED ERROR: transformers' learning rate x {1 + args.inject_lr_error:g}")
 
@@ -347,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                 if step in (1, steps) or step % args.every == 0:
                     print(table_row(row), flush=True)
         except KeyboardInterrupt:   # Ctrl-C or kill (SIGTERM) on a slow machine: keep what the finished steps measured
-            print(f"\nINTERRUPTED after step {len(history)} of {steps}: the figures below cover the finished steps only")
+            print(f"\nINTERRUPTED after step {len(history)} of {steps}: "
+                  "the figures below cover the finished steps only")
             if history and history[-1]["step"] % args.every:
                 print(table_row(history[-1]))
     if not history:
@@ -355,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     result = agreement(history)
     if args.figure:
         plot(history, args.figure, f"{preset}, {len(history)} of {steps} steps of {batch_size}, lr {args.lr:g}, fp32")
-    print(f"\nover all {len(history)} steps (allowed |diff| at a step: {FACTOR:g} x control envelope + {FLOOR_ULPS} x eps32 "
+    print(f"\nover all {len(history)} steps (allowed |diff| at a step: {FACTOR:g} x control envelope + "
+          f"{FLOOR_ULPS} x eps32 "
           f"x |ours|, eps32 = {EPS32:.3g}):")
     for metric, r in result.items():
         print(f"  {metric:9s} max |ours - transformers| {r['abs']:.2e} (relative {r['rel']:.2e}), mean "
@@ -364,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(step {r['step']}); steps outside: {len(r['failures'])}")
     times = {side.name: statistics.median(side.seconds[1:] or side.seconds) for side in sides}
     print(f"median step (first excluded): ours {times['ours'] * 1000:.0f} ms, transformers "
-          f"{times['transformers'] * 1000:.0f} ms: wall-time ratio ours / transformers {times['ours'] / times['transformers']:.2f} "
-          f"(transformers takes {times['transformers'] / times['ours']:.2f}x ours), {torch.get_num_threads()} threads each")
+          f"{times['transformers'] * 1000:.0f} ms: wall-time ratio ours / transformers "
+          f"{times['ours'] / times['transformers']:.2f} "
+          f"(transformers takes {times['transformers'] / times['ours']:.2f}x ours), "
+          f"{torch.get_num_threads()} threads each")
     failed = [metric for metric, r in result.items() if r["failures"]]
     if failed:
         print(f"DISAGREE: {', '.join(failed)} outside numerical noise (first at step "

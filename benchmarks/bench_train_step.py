@@ -39,7 +39,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 import torch.nn as nn
 
-
 from model import BertConfig  # noqa: E402
 from model.hf_conversion import from_hf_state_dict, hf_config_from  # noqa: E402
 from pipeline.pretraining.compiled import apply_compile_settings  # noqa: E402
@@ -158,7 +157,8 @@ def parity(config: BertConfig, batch: dict, opt_kwargs: dict, seed: int) -> list
 
 
 def profile(name, model, fn, opt, batch, rows: int = 10) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
     params = list(model.parameters())
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(2):
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
     if args.profile:
-        for name, (model, fn, opt, params) in state.items():
+        for name, (model, fn, opt, _params) in state.items():
             profile(name, model, fn, opt, batch)
 
 

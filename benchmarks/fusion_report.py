@@ -19,8 +19,8 @@ import sys
 from collections import Counter
 
 import torch
-
 from common import REPO_ROOT  # noqa: F401  (puts the repository root on sys.path)
+
 from model import BertConfig, BertForPreTraining
 
 KERNEL = re.compile(r"\b((?:triton_[a-z]+|cpp)_fused_[A-Za-z0-9_]+?)_\d+\b")

@@ -146,7 +146,7 @@ def make_shards(sizes: Sizes, target: Path, seq: int) -> None:
     CPU. Kept: a set already there is used again."""
     if (target / "manifest.json").exists():
         return
-    from data_prep.run import run   # here: with given shard sets, the check needs no data-prep packages
+    from data_prep.run import run  # here: with given shard sets, the check needs no data-prep packages
 
     started = time.perf_counter()
     if sizes is GPU:   # the bundled sample, 2 copies (~20k rows at seq 128): no epoch ends inside the run
@@ -163,9 +163,9 @@ def make_shards(sizes: Sizes, target: Path, seq: int) -> None:
 
 def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
     import torch
-
     from gpu_probes import AttentionBackendProbe, peak_memory
     from gpu_step_profile import StepProfileProbe
+
     from pipeline.core.app import compose
     from pipeline.core.callbacks.throughput import ThroughputMonitor
     from pipeline.core.loggers import csv_metrics_path

@@ -9,7 +9,8 @@ the CPU check, without guessing from the inputs which kernel SDPA would have pic
 from __future__ import annotations
 
 import resource
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pytorch_lightning as pl
 import torch

@@ -22,9 +22,9 @@ import sys
 import time
 
 import torch
-
-from common import at_least_one  # also puts the repository root on sys.path
 from bench_train_step import make_batch, our_loss
+from common import at_least_one  # also puts the repository root on sys.path
+
 from model import BertConfig, BertForPreTraining
 from model.flops import flops_per_token, peak_flops_for_device
 from pipeline.core.optim import build_optimizer
@@ -68,9 +68,7 @@ def measure(config: BertConfig, batch: dict, device: torch.device, compiled: boo
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    seconds = timed(step if opt else forward_backward, steps, warmup, device)
-    del model, opt
-    return seconds
+    return timed(step if opt else forward_backward, steps, warmup, device)
 
 
 def main(argv: list[str] | None = None) -> None:

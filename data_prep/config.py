@@ -52,11 +52,12 @@ class PrepConfig:
     output_formats: tuple[str, ...] = ("parquet",)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "PrepConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> PrepConfig:
         raw = {k: v for k, v in raw.items() if k not in INTERPOLATION_ONLY_KEYS}
         missing = sorted(k for k, v in raw.items() if v == "???")
         if missing:
-            raise ValueError(f"data_prep: {missing} must be given (e.g. inputs='[/data/wiki/]' output_dir=/data/shards)")
+            raise ValueError(f"data_prep: {missing} must be given "
+                             "(e.g. inputs='[/data/wiki/]' output_dir=/data/shards)")
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -77,13 +78,15 @@ class PrepConfig:
             problems.append("no inputs given (inputs=[path, ...])")
         for spec in self.inputs:
             if spec.format != "auto" and spec.format not in FORMATS:
-                problems.append(f"input {spec.path!r}: unknown format {spec.format!r}; one of auto, {', '.join(FORMATS)}")
+                problems.append(f"input {spec.path!r}: unknown format {spec.format!r}; "
+                                f"one of auto, {', '.join(FORMATS)}")
         if not self.output_dir:
             problems.append("output_dir is empty")
         if self.max_seq_length < 5 or self.max_seq_length > 32767:
             problems.append(f"max_seq_length must be in [5, 32767], got {self.max_seq_length}")
         if not 1 <= self.max_predictions_per_seq <= self.max_seq_length - 3:
-            problems.append(f"max_predictions_per_seq must be in [1, max_seq_length - 3], got {self.max_predictions_per_seq}")
+            problems.append("max_predictions_per_seq must be in [1, max_seq_length - 3], "
+                            f"got {self.max_predictions_per_seq}")
         for name in ("masked_lm_prob",):
             if not 0.0 < getattr(self, name) < 1.0:
                 problems.append(f"{name} must be in (0, 1), got {getattr(self, name)}")
@@ -100,7 +103,8 @@ class PrepConfig:
             problems.append(f"shard_target_mb must be > 0, got {self.shard_target_mb}")
         bad_formats = [f for f in self.output_formats if f not in OUTPUT_FORMATS]
         if bad_formats or "parquet" not in self.output_formats:
-            problems.append(f"output_formats must include 'parquet' and only {OUTPUT_FORMATS}, got {list(self.output_formats)}")
+            problems.append(f"output_formats must include 'parquet' and only {OUTPUT_FORMATS}, "
+                            f"got {list(self.output_formats)}")
         if self.objective not in OBJECTIVES:
             problems.append(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         elif self.objective == "mlm":

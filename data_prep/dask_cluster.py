@@ -17,7 +17,8 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from data_prep.presets import REPO_ROOT
 
@@ -50,7 +51,7 @@ class DaskSettings:
     slurm: SlurmWorkers = SlurmWorkers()
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> "DaskSettings":
+    def from_dict(cls, raw: dict[str, Any] | None) -> DaskSettings:
         raw = dict(raw or {})
         _reject_unknown(raw, cls, "dask")
         slurm = dict(raw.pop("slurm", None) or {})

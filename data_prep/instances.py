@@ -24,7 +24,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import random
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 

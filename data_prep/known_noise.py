@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 # Log messages (prefixes), with the logger they come from.
 _HARMLESS_LOG_MESSAGES = {

@@ -42,7 +42,7 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
             statistics.pop(name)
     return {
         "format_version": FORMAT_VERSION if with_nsp else MLM_FORMAT_VERSION,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "parameters": plan.config.data_parameters(),
         "tokenizer": {
             "vocab_file": VOCAB_NAME,

@@ -51,7 +51,7 @@ class MaskingVocab:
     separator_id: int = -1        # [SEP]: never masked inside packed rows
 
     @classmethod
-    def from_tokens(cls, tokens: list[str], special_tokens: set[str], mask_token: str = "[MASK]") -> "MaskingVocab":
+    def from_tokens(cls, tokens: list[str], special_tokens: set[str], mask_token: str = "[MASK]") -> MaskingVocab:
         is_special = np.array([token in special_tokens for token in tokens])
         return cls(
             mask_id=tokens.index(mask_token),

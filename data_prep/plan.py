@@ -13,7 +13,8 @@ import glob
 import itertools
 import logging
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -157,7 +158,8 @@ def load_or_train_vocab(config: PrepConfig, files: tuple[InputFile, ...]) -> tup
     if config.vocab.file is not None:
         with FileSystems.open(config.vocab.file) as handle:
             return parse_vocab(handle.read().decode("utf-8")), config.vocab.file
-    log.info("training a %d-token WordPiece vocabulary on up to %.0f MB of the corpus", config.vocab.size, config.vocab.sample_mb)
+    log.info("training a %d-token WordPiece vocabulary on up to %.0f MB of the corpus",
+             config.vocab.size, config.vocab.sample_mb)
     tokens = train_vocab(_vocab_sample(files, config.vocab.sample_mb), config.vocab.size,
                          config.vocab.lowercase, config.vocab.min_frequency)
     return tokens, "trained"

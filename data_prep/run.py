@@ -29,21 +29,31 @@ import apache_beam as beam  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.metrics.metric import MetricsFilter  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from data_prep.config import PrepConfig  # noqa: E402
-from data_prep.dask_cluster import (DaskSettings, check_runner_choice, dask_runner_args,  # noqa: E402
-                                    release_runner_client, started_cluster)
+from data_prep.dask_cluster import (  # noqa: E402
+    DaskSettings,
+    check_runner_choice,
+    dask_runner_args,
+    release_runner_client,
+    started_cluster,
+)
 from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
 from data_prep.manifest import existing_manifest, read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan  # noqa: E402
-from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, register_repo_root_resolver, split_preset  # noqa: E402
-from data_prep.spill_owner import (SpillOwner, check_leftover_spill, owner_of_this_launcher, record_job,  # noqa: E402
-                                   settle_spill, write_owner)
+from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, compose_config, split_preset  # noqa: E402
+from data_prep.spill_owner import (  # noqa: E402
+    SpillOwner,
+    check_leftover_spill,
+    owner_of_this_launcher,
+    record_job,
+    settle_spill,
+    write_owner,
+)
 from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
 
 log = logging.getLogger("data_prep")
@@ -52,10 +62,8 @@ log = logging.getLogger("data_prep")
 def load_settings(overrides: list[str]) -> tuple[PrepConfig, DaskSettings]:
     """The data settings (they go into the manifest) and the Dask cluster settings (they shape nothing)."""
     preset, rest = split_preset(overrides)
-    register_repo_root_resolver()
     try:
-        with initialize_config_dir(config_dir=str(PRESET_DIR), version_base="1.3"):
-            cfg = compose(config_name=preset, overrides=rest)
+        cfg = compose_config(PRESET_DIR, preset, rest)
         raw = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as error:
         raise ValueError(f"config: {error}") from error
@@ -201,7 +209,8 @@ def format_summary(manifest: dict) -> str:
             f"{stats.get('expected_random_next_share', float('nan')):.4f})",
             f"  B from A's document {totals.get('random_next_from_same_document', 0):>10,}   "
             "(bucket of one document: B at least a sequence away from A)",
-            f"  no random B found   {totals.get('chunks_without_random_document', 0):>10,}   chunks (took the actual next)",
+            f"  no random B found   {totals.get('chunks_without_random_document', 0):>10,}   "
+            "chunks (took the actual next)",
         ]
     else:
         lines.append("objective           MLM only: contiguous text packed into full sequences, no NSP labels")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems

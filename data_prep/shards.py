@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -168,7 +168,8 @@ def _assemble(rows: np.ndarray, pool: np.ndarray, doc_offsets: np.ndarray, setti
     # Each row is five pieces: [CLS], A, [SEP], B, [SEP]; gather them with one concatenated-ranges index.
     piece_starts = np.stack([np.full_like(a_doc, cls_at), doc_offsets[a_doc] + a_start, np.full_like(a_doc, sep_at),
                              doc_offsets[b_doc] + b_start, np.full_like(a_doc, sep_at)], axis=1).ravel()
-    piece_lengths = np.stack([np.ones_like(len_a), len_a, np.ones_like(len_a), len_b, np.ones_like(len_a)], axis=1).ravel()
+    piece_lengths = np.stack([np.ones_like(len_a), len_a, np.ones_like(len_a), len_b, np.ones_like(len_a)],
+                             axis=1).ravel()
     piece_offsets = np.cumsum(piece_lengths) - piece_lengths
     total = int(piece_lengths.sum())
     flat = pool[np.repeat(piece_starts - piece_offsets, piece_lengths) + np.arange(total)]

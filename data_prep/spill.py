@@ -17,7 +17,8 @@ import hashlib
 import os
 import struct
 import uuid
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
@@ -68,7 +69,8 @@ class SpillWriter:
         key = document.key.encode("utf-8")
         ids = document.token_ids.astype(self.token_dtype).tobytes()
         ends = document.sentence_ends.astype(_ENDS_DTYPE).tobytes()
-        record = b"".join((_HEADER.pack(len(key), len(document.token_ids), len(document.sentence_ends)), key, ids, ends))
+        record = b"".join((_HEADER.pack(len(key), len(document.token_ids), len(document.sentence_ends)),
+                           key, ids, ends))
         self._buffers.setdefault(bucket, []).append(record)
         self._buffered += len(record)
         if self._buffered >= FLUSH_BYTES:

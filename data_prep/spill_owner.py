@@ -80,7 +80,7 @@ def owner_of_this_launcher(options) -> SpillOwner:
         check = f"gcloud dataflow jobs describe JOB_ID --project={cloud.project} --region={cloud.region}"
     return SpillOwner(runner=name, host=socket.gethostname(), pid=os.getpid(),
                       process_start=_process_start(os.getpid()),
-                      started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                       in_launcher=in_launcher, check_command=check, slurm_job=os.environ.get("SLURM_JOB_ID"),
                       slurm_restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
 

@@ -16,8 +16,9 @@ class InstanceStats:
     random_next_from_same_document: int = 0  # one-document buckets: B from far away in A's own document
     chunks_without_random_document: int = 0  # wanted a random B, found none: took the actual next
 
-    def merge(self, other: "InstanceStats") -> "InstanceStats":
-        return InstanceStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)})
+    def merge(self, other: InstanceStats) -> InstanceStats:
+        return InstanceStats(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                for f in dataclasses.fields(self)})
 
     def summary(self) -> dict[str, float]:
         """The ratios the reference is judged by (0 where there is nothing to divide)."""

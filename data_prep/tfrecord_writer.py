@@ -19,7 +19,8 @@ needed (no tensorflow). Padding and masks are built for a whole shard at once wi
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import crc32c as _crc32c
 import numpy as np

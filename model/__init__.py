@@ -11,7 +11,7 @@ from model.heads import (
 )
 
 __all__ = [
-    "IGNORE_INDEX", "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining", "BertForQuestionAnswering",
-    "BertForSequenceClassification", "BertForTokenClassification", "BertModel", "EncoderOutput", "PreTrainingOutput",
-    "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
+    "IGNORE_INDEX", "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining",
+    "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification", "BertModel",
+    "EncoderOutput", "PreTrainingOutput", "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
 ]

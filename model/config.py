@@ -51,14 +51,15 @@ class BertConfig:
         if not self.initializer_range > 0:
             raise ValueError(f"initializer_range must be > 0, got {self.initializer_range!r}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id ({self.pad_token_id}) must be a token id below vocab_size ({self.vocab_size})")
+            raise ValueError(f"pad_token_id ({self.pad_token_id}) must be a token id "
+                             f"below vocab_size ({self.vocab_size})")
 
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "BertConfig":
+    def from_preset(cls, name: str, **overrides) -> BertConfig:
         """A named size, e.g. ``BertConfig.from_preset("base", vocab_size=32000)``.
 
         intermediate_size follows 4 * hidden_size (an overridden hidden_size included) unless given.
@@ -80,5 +81,5 @@ class BertConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "BertConfig":
+    def from_dict(cls, values: dict) -> BertConfig:
         return cls(**values)

@@ -9,7 +9,7 @@ def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -
 
     Counts matrix multiplications only (as PaLM's MFU, Chowdhery et al. 2022, appendix B): a multiply-add is 2
     FLOPs, and the backward pass costs twice the forward, hence 6 FLOPs per weight per token it touches.
-    - encoder: num_layers * (4 C^2 + 2 C I) weights (qkv, attention output, MLP), applied at all T positions;
+    - encoder: num_layers * (4 C^2 + 2 C F) weights (qkv, attention output, MLP), applied at all T positions;
     - attention scores and their weighted sum: 2 T C multiply-adds per token per layer, so 12 * L * C * T;
     - MLM head: transform C^2 + decoder C V, applied at P of T positions only (the gather above);
     - pooler C^2 + NSP 2 C, applied once per sequence.
@@ -17,8 +17,9 @@ def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -
     at and tokens counted per second must include padding (B * T per step), since padding costs the same.
     MFU = flops_per_token * tokens_per_second / peak_flops; see mfu().
     """
-    C, I, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
-    encoder_weights = L * (4 * C * C + 2 * C * I)
+    # C: hidden width, F: the MLP's (feed-forward) width, V: vocabulary, L: layers, T: positions
+    C, F, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
+    encoder_weights = L * (4 * C * C + 2 * C * F)
     mlm_head_weights_per_token = (C * C + C * V) * num_masked_per_seq / T
     nsp_weights_per_token = (C * C + 2 * C) / T
     attention = 12 * L * C * T

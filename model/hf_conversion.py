@@ -224,7 +224,8 @@ def config_from_hf(hf_config) -> BertConfig:
         requirements.append(("tie_word_embeddings", True, "an MLM decoder tied to the word embeddings"))
     for key, expected, meaning in requirements:
         if key in values and values[key] != expected:
-            raise ValueError(f"cannot convert: {key}={values[key]!r}, but this model has {meaning} ({key}={expected!r})")
+            raise ValueError(f"cannot convert: {key}={values[key]!r}, "
+                             f"but this model has {meaning} ({key}={expected!r})")
     return BertConfig(
         vocab_size=values["vocab_size"],
         hidden_size=values["hidden_size"],

@@ -36,7 +36,7 @@ class UnpaddedLayout(NamedTuple):
 
     @classmethod
     def of(cls, token_index: torch.Tensor | None, input_ids: torch.Tensor,
-           attention_mask: torch.Tensor | None) -> "UnpaddedLayout | None":
+           attention_mask: torch.Tensor | None) -> UnpaddedLayout | None:
         """The layout of a batch given `token_index` by its collator; None (the padded path) without one."""
         if token_index is None:
             return None

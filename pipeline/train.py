@@ -22,7 +22,6 @@ from pipeline.core import app  # noqa: F401  (first: silences known noise, regis
 from pipeline.core.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
-
 STOPPED_BY: list[int] = []    # SIGINT, once received
 
 

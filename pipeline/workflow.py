@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import sys
 
-from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow
+from pipeline.orchestration.workflow_config import WorkflowError, available_workflows, load_workflow
 
 
 def main(argv: list[str]) -> int:
@@ -29,21 +29,21 @@ def main(argv: list[str]) -> int:
         return 0 if argv else 2
     try:
         workflow = load_workflow(argv)
-        from pipeline.orchestration import launch, views
+        from pipeline.orchestration import launch, plan, status
         if workflow.launcher == "slurm" and workflow.action in ("run", "status"):
             check_slurm_tools()           # the first thing a user on the wrong machine needs to hear
         if workflow.action == "run":
             from pipeline.orchestration.lock import LaunchLock, refuse_if_alive
             # said at once, before minutes of composing and checking (taking nothing)
             refuse_if_alive(workflow, LaunchLock(workflow).holder())
-        from pipeline.orchestration.stages import stage_specs
+        from pipeline.orchestration.stage_config import stage_specs
         specs = stage_specs(workflow, check_shapes=workflow.action in ("run", "plan"))
         if workflow.action == "plan":
-            print(views.plan(workflow, specs))
+            print(plan.plan(workflow, specs))
         elif workflow.action == "status":
-            print(views.format_status(workflow, specs))
+            print(status.format_status(workflow, specs))
         elif workflow.action == "report":
-            print(f"Snakemake's report (stage graph, times, scores, pictures): {views.html_report(workflow, specs)}")
+            print(f"Snakemake's report (stage graph, times, scores, pictures): {status.html_report(workflow, specs)}")
         elif workflow.launcher == "slurm":
             return launch.submit_controller(workflow, specs)
         else:

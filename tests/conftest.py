@@ -5,15 +5,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.helpers.common_fixtures import one_torch_thread, shared_data  # noqa: F401  (fixtures)
 from tests.helpers.slurm import SLURM_APT_COMMAND, SLURM_DAEMONS, SlurmCluster
 from tests.helpers.training import run_training_process, tiny_run_overrides
 from tests.helpers.wandb_log import wandb_history
 
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Real public data for tests (corpora, vocabularies, GLUE/SQuAD files): the shared data folder beside the checkout, or
-# $BERT_SHARED_DATA. Tests take it from the shared_data fixture only; where it is missing they skip, saying so.
-SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data")
 BUNDLED_VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
 SAMPLE_CORPUS = REPO_ROOT / "data_prep" / "sample_corpus"
 
@@ -25,13 +22,6 @@ settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHES
 
 # Tokenizer threads: tests run on a 2-core machine beside other work.
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (set BERT_SHARED_DATA to its folder)")
-    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +39,10 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+    # The files that hold a slow test first (stable otherwise): pytest-xdist hands out whole files in this order
+    # (.ci/run's --dist loadfile), so the longest start first and the short ones fill in beside them at the end.
+    with_slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in with_slow)
 
 
 @pytest.fixture(scope="session")
@@ -70,9 +64,10 @@ def slurm_cluster(tmp_path_factory):
 
 BOOK = "austen-persuasion.txt"   # ~470 KB: ~1,200 instances at seq 128 with dupe_factor 1
 
-# Two cores shared with other work: few threads everywhere, subprocesses included.
+# Two cores shared with other work: few threads everywhere, subprocesses included. .ci/run sets 1: it runs three
+# pytest processes at once (two xdist workers beside the SLURM tests), and more threads than cores only spin.
 os.environ.setdefault("OMP_NUM_THREADS", "2")
-os.environ.setdefault("MKL_NUM_THREADS", "2")
+os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -81,7 +76,7 @@ def _torch_threads():
         import torch
     except ImportError:   # the data-prep-only install: no torch, nothing to limit
         return
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")
@@ -104,17 +99,6 @@ def small_shards(tmp_path_factory, shared_data) -> Path:
 def torch_extensions_dir(tmp_path_factory) -> str:
     """DeepSpeed JIT-builds its CPU comm op (~45 s or more) once per session, into this directory."""
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(tmp_path_factory.mktemp("torch_extensions"))
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """Data tests: one thread (2 cores shared with other work; the training runs above allow 2)."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 # The helpers of tests/helpers/ as fixtures, as the training tests take them.

@@ -10,7 +10,7 @@ A file's format is recognised by its content where the content says it (a MediaW
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from data_prep.documents import Document, Skip
 

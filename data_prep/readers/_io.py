@@ -8,7 +8,8 @@ from __future__ import annotations
 import bz2
 import collections
 import zlib
-from typing import BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from data_prep.documents import SkipReason
 

@@ -11,7 +11,7 @@ of the book.  We recognise only unambiguous markers, listed below, and count eve
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
 from data_prep.readers._io import InputError, read_all

@@ -5,7 +5,7 @@ stripped, as ``create_pretraining_data.py`` reads them (runs of blank lines make
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
 from data_prep.readers._io import InputError, LineStats, text_lines

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
 from data_prep.readers._io import InputError, LineStats, open_file, text_lines

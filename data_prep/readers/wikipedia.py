@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Iterator
+from collections.abc import Iterator
 
 import mwparserfromhell
 from mwparserfromhell.nodes import (

@@ -14,8 +14,8 @@ is installed editable (`pip install -e .`), so no entry point edits sys.path.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from data_prep.known_noise import silence_known_noise
 
@@ -24,7 +24,7 @@ silence_known_noise()
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import InterpolationResolutionError  # noqa: E402
 
-from data_prep.presets import REPO_ROOT, register_repo_root_resolver  # noqa: E402
+from data_prep.presets import REPO_ROOT, compose_config, register_repo_root_resolver  # noqa: E402
 
 CONFIG_ROOT = REPO_ROOT / "conf"
 TRAINING_CONFIGS = CONFIG_ROOT / "training"
@@ -60,16 +60,33 @@ def register_resolvers() -> None:
 register_resolvers()
 
 
+def compose_resolved(config_dir: Path, config_name: str | None, overrides: Sequence[str],
+                     unset_hint: str) -> DictConfig:
+    """compose_config, resolved; ValueError on a wrong override, or a mandatory value (???) left unset (`unset_hint`
+    says what to do)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from pipeline.core.shaping import leaves
+
+    try:
+        cfg = compose_config(config_dir, config_name, overrides)
+        missing = [key for key, value in leaves(OmegaConf.to_container(cfg, resolve=False))
+                   if value == "???" and not key.startswith("hydra.")]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} is not set: {unset_hint}")
+        OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(str(error)) from None
+    return cfg
+
+
 def compose(program: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The config `python pipeline/<program>.py <overrides>` would run, without Hydra's run directory (pass
     output_dir=<directory> to run it)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     if program not in PROGRAMS:
         raise ValueError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
-    with initialize_config_dir(config_dir=str(PROGRAMS[program]), version_base="1.3"):
-        return hydra_compose(config_name=program, overrides=list(overrides))
+    return compose_config(PROGRAMS[program], program, overrides)
 
 
 def output_dir(cfg: DictConfig, program: str) -> Path:

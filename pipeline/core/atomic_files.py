@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from pipeline.core.checkpoint_files import PARTIAL_PREFIX, PARTIAL_SUFFIX
 

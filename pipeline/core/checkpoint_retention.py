@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 STEP_FILENAME = "step{step:07d}"                        # ModelCheckpoint's filename template: step0000400.ckpt
 _STEP_CHECKPOINT = re.compile(r"^step(\d+)\.ckpt$")     # a file (DDP) or a DeepSpeed directory
@@ -30,7 +31,7 @@ class Retention:
     keep_every_n_steps: int | None = None     # also keep those whose step is a multiple of this
 
     @classmethod
-    def from_config(cls, checkpoint_cfg: Mapping[str, Any]) -> "Retention":
+    def from_config(cls, checkpoint_cfg: Mapping[str, Any]) -> Retention:
         """From callbacks.checkpoint (keep_last, keep_every_n_steps, every_n_train_steps); raises ValueError naming
         the key that does not fit."""
         keep_last, keep_every = checkpoint_cfg.get("keep_last"), checkpoint_cfg.get("keep_every_n_steps")

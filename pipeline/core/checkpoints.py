@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.plugins.io import TorchCheckpointIO
 

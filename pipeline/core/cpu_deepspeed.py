@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from lightning_fabric.utilities.seed import reset_seed
 from pytorch_lightning.accelerators import CPUAccelerator

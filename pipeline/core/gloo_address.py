@@ -19,7 +19,7 @@ import ipaddress
 import os
 import socket
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pipeline.core.slurm_jobs import ACTIVE_STATES, QueueError, job_state
 

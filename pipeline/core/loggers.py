@@ -19,8 +19,9 @@ import contextlib
 import csv
 import os
 import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter

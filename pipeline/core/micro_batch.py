@@ -33,8 +33,9 @@ import dataclasses
 import gc
 import json
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -229,7 +230,7 @@ class MicroBatchPlan:
     def recorded(self) -> int | None:
         return int(self.record["micro_batch_size"]) if self.record else None
 
-    def callback(self) -> "MicroBatchSetup":
+    def callback(self) -> MicroBatchSetup:
         return MicroBatchSetup(self)
 
 

@@ -33,7 +33,8 @@ changes them is refused unless accepted (pipeline/core/run_record.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -51,7 +52,7 @@ SCHEDULERS = ("linear_warmup",)
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """[decayed weights, biases and LayerNorm parameters]; each parameter once (tied weights are one Parameter)."""
     decay, no_decay, seen = [], [], set()
-    for module_name, module in model.named_modules():
+    for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue

@@ -53,8 +53,8 @@ from pytorch_lightning.callbacks import Checkpoint
 
 from pipeline.core.gloo_address import unreachable_gloo_problem
 from pipeline.core.loggers import finish_wandb
-from pipeline.core.requeue_safe_loader import REQUEUE_SIGNAL   # defined there: the loader workers import it
-from pipeline.core.restarts import REQUEUED_EXIT_CODE          # defined there: train.sbatch's supervisor reads it
+from pipeline.core.requeue_safe_loader import REQUEUE_SIGNAL  # defined there: the loader workers import it
+from pipeline.core.restarts import REQUEUED_EXIT_CODE  # defined there: train.sbatch's supervisor reads it
 
 WANDB_TIMEOUT_VARIABLE, DEFAULT_WANDB_TIMEOUT_S = "REQUEUE_WANDB_TIMEOUT_S", 30.0
 SCONTROL_TIMEOUT_S = 30
@@ -86,7 +86,7 @@ class RequeueRequest:
         if os.getpid() == self._owner:
             self.received = True
 
-    def __enter__(self) -> "RequeueRequest":
+    def __enter__(self) -> RequeueRequest:
         self._owner = os.getpid()
         self._previous = signal.signal(self.signum, self._handle)
         return self

@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 

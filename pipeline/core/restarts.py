@@ -17,7 +17,7 @@ ends, by its exit status:
 
 Each decision is one line in the log. Used by infra/slurm/train.sbatch (the command line below, which also passes a
 requeue signal sent to the batch shell on to the running try) and by the workflow's pre-training stages
-(pipeline/orchestration/stage.py, with the stage's environment's MAX_RESTARTS):
+(pipeline/orchestration/stage_runner.py, with the stage's environment's MAX_RESTARTS):
 
     python -m pipeline.core.restarts <run dir> -- <training command ...>
 """
@@ -30,8 +30,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from pipeline.core.checkpoint_files import CHECKPOINT_DIR, newest_complete_checkpoint, written_at
 

@@ -23,8 +23,9 @@ import functools
 import logging
 import os
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from pipeline.core.devices import is_first_process
 from pipeline.core.holder_lock import Holder, HolderLock, LockContended, alive, holder_state

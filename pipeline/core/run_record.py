@@ -24,8 +24,9 @@ import dataclasses
 import datetime
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pipeline.core.atomic_files import write_atomically
 from pipeline.core.devices import is_first_process
@@ -54,7 +55,7 @@ class StartCheck:
         if self.document is None:
             return
         document = json.loads(json.dumps(self.document))
-        time = datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat(timespec="seconds")
+        time = datetime.datetime.now(datetime.UTC).astimezone().isoformat(timespec="seconds")
         entry = document["accepted_changes"][-1] if self.accepted else document["first_start"]
         entry.update(time=time, step=step)
         write_atomically(self.path, json.dumps(document, indent=1) + "\n")

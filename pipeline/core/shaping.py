@@ -28,7 +28,8 @@ Torch-free: the workflow's controller imports it.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 _LOGGING = ("logger.mode", "logger.group", "logger.name", "logger.project", "logger.entity", "logger.tags",
             "logger.log_model", "trainer.enable_progress_bar", "trainer.enable_model_summary",

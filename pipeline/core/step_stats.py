@@ -18,7 +18,8 @@ On the CPU the same code runs without events or pinned memory.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -125,7 +125,7 @@ def _deepspeed_model_states(path: Path) -> list[str] | None:
     tag_dir = path / latest.read_text().strip()
     if not tag_dir.is_dir():
         return None
-    from deepspeed.utils.zero_to_fp32 import get_model_state_files   # imported only for a DeepSpeed directory
+    from deepspeed.utils.zero_to_fp32 import get_model_state_files  # imported only for a DeepSpeed directory
 
     try:
         return get_model_state_files(str(tag_dir))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ class Extractor:
 
     @classmethod
     def from_init(cls, init, layers: Sequence[int] | None = None, combinations: Sequence[str] = (), tokenizer=None,
-                  **settings) -> "Extractor":
+                  **settings) -> Extractor:
         """The encoder of `init` (anything fine-tuning's init= takes). layers: indices as layers.py reads them;
         None for every hidden state, embeddings first (what the probe combines)."""
         from pipeline.core.weights import load_into_task_model, load_pretrained

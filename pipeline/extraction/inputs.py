@@ -25,8 +25,8 @@ import csv
 import dataclasses
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from data_prep.text_decoding import decode_line
 

@@ -22,7 +22,7 @@ view of every token equals the view of the pooled layers. The probe relies on th
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

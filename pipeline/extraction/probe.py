@@ -17,8 +17,8 @@ have a larger scale than single layers, and the same regularisation strength sho
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -15,8 +15,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -108,7 +108,7 @@ class _GrowingNpy:
 
     def _header(self) -> bytes:
         shape = (self.rows, *self.row_shape)
-        text = ("{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (self.dtype.str, shape)).encode("latin1")
+        text = f"{{'descr': {self.dtype.str!r}, 'fortran_order': False, 'shape': {shape!r}, }}".encode("latin1")
         prefix = b"\x93NUMPY\x01\x00"
         padding = self.HEADER_BYTES - len(prefix) - 2 - len(text) - 1
         return prefix + (self.HEADER_BYTES - len(prefix) - 2).to_bytes(2, "little") + text + b" " * padding + b"\n"

@@ -16,7 +16,7 @@ The loaders' workers ignore SLURM's requeue signal, whatever the start method (p
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import datasets
 import numpy as np

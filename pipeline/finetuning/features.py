@@ -3,8 +3,8 @@
 As google-research/bert's run_classifier.py: a single sentence is cut to max_seq_length - 2 tokens; a pair is cut
 to max_seq_length - 3 by taking tokens off the end of the longer side, one at a time (the second on ties), which
 `truncated_lengths` computes in closed form. A pair whose second text has no tokens (empty, or only whitespace) is a
-single sentence, [CLS] a [SEP], as the reference encodes it. Multiple choice (SWAG) makes one pair per ending, as the paper
-describes: the context as segment A, the ending's start followed by the ending as segment B.
+single sentence, [CLS] a [SEP], as the reference encodes it. Multiple choice (SWAG) makes one pair per ending, as the
+paper describes: the context as segment A, the ending's start followed by the ending as segment B.
 
 The featurized dataset is cached by `datasets` under a fingerprint of the rows, the tokenizer, the length and
 this module's FEATURES_VERSION, so a second run with the same inputs starts at once.

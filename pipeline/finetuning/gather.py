@@ -8,7 +8,8 @@ files are then computed once, on rank 0, from exactly the split's rows, whatever
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch.distributed as dist
 

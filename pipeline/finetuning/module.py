@@ -20,8 +20,14 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from model import (IGNORE_INDEX, BertConfig, BertForMultipleChoice, BertForQuestionAnswering,
-                   BertForSequenceClassification, BertForTokenClassification)
+from model import (
+    IGNORE_INDEX,
+    BertConfig,
+    BertForMultipleChoice,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
 from pipeline.core.clipping import clip_by_norm, clips_itself
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision

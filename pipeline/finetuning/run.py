@@ -17,8 +17,9 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
@@ -38,8 +39,8 @@ log = logging.getLogger("pipeline.finetuning")
 
 
 def task_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The task's own settings (conf/training/task/: SQuAD's doc stride and answer length, NER's document context, ...) and
-    the sequence length, as the task's featurize / evaluate take them."""
+    """The task's own settings (conf/training/task/: SQuAD's doc stride and answer length, NER's document context,
+    ...) and the sequence length, as the task's featurize / evaluate take them."""
     settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k != "name"}
     return {**settings, "max_seq_length": int(cfg.data.max_seq_length)}
 

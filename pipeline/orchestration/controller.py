@@ -1,19 +1,9 @@
-"""The SLURM controller: Snakemake with the SLURM executor, itself running as a small SLURM job (from the launch's code
-snapshot), so that a workflow of days depends on no login shell. `workflow.launcher=slurm` submits it (launch.py).
+"""The SLURM controller: Snakemake with the SLURM executor as a small SLURM job of its own (launch.py submits it).
 
     python -m pipeline.orchestration.controller <launch config>      (the job's command)
 
-What Snakemake lacks, and this adds:
-1. Signals, handled from the start. SIGUSR1 (sbatch --signal=B:USR1@N, before the job's time limit): Snakemake is
-   killed outright, so that it cancels no stage job, and the job requeues itself (`scontrol requeue`, checked).
-   SIGTERM (scancel of the controller): Snakemake cancels the stage jobs it runs; before Snakemake runs, the
-   controller cancels this root's stage jobs itself.
-2. A controller started again (requeued, or relaunched after a crash) first waits for this root's stage jobs still
-   queued or running: Snakemake cannot adopt them and must not submit their stages again.
-3. Then it adopts what they finished: a stage whose run of the version it would run now is finished, and whose
-   sentinel names that run's content, is marked done in Snakemake's records (`snakemake --touch` of exactly those
-   stages, which also records its current parameters and input checksums); anything else is Snakemake's to decide.
-"""
+On SIGUSR1 (its time limit near) it kills Snakemake, cancelling no stage job, and requeues itself; started again, it
+waits for this root's stage jobs in the queue, then adopts what they finished (`snakemake --touch`)."""
 from __future__ import annotations
 
 import os
@@ -27,8 +17,8 @@ from pipeline.orchestration import runs
 from pipeline.orchestration.launch import job_name_prefix, run_command, snakemake
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.slurm import QueueError, active_stage_jobs, run
-from pipeline.orchestration.spec import Stage, WorkflowError, workflow_from_dict
-from pipeline.orchestration.stage import StageError, read_inputs
+from pipeline.orchestration.stage_runner import StageError, read_inputs
+from pipeline.orchestration.workflow_config import Stage, WorkflowError, workflow_from_dict
 
 POLL_S = 30.0
 
@@ -38,24 +28,22 @@ def say(message: str) -> None:
 
 
 def adopt(config: Path) -> list[str]:
-    """Snakemake's records made to agree with the sentinels that stage jobs wrote while no Snakemake watched: the
-    stages done (their run of the version they would run now finished, and their sentinel names its content) are
-    marked so, their current parameters and input checksums recorded; returns the stages to run again (a sentinel of
-    anything else, e.g. of another config, which Snakemake could take as done)."""
+    """Snakemake's records made to agree with the sentinels that stage jobs wrote while none watched: a stage whose
+    sentinel names its finished run of the version it would run now is marked done; returns the others to run again."""
     launch = runs.read_json(config)
     root, done, again = Path(launch["workflow"]["root"]), [], []
     for name, raw in launch["stages"].items():
-        spec, sentinel = Stage.from_dict(raw), runs.read_json(runs.sentinel_path(root, name))
-        if spec.entry == "report" or sentinel is None:
+        spec = Stage.from_dict(raw)
+        if spec.entry == "report" or not runs.sentinel_path(root, name).exists():
             continue
         try:
             contents = {role: i["content"] for role, i in read_inputs(root, spec).items()}
         except StageError:
             again.append(name)
             continue
-        version = runs.version_name(spec.identity, contents, spec.rerun)
-        record = runs.read_json(root / name / version / runs.RECORD) or {}
-        (done if record.get("finished") and record.get("content") == sentinel["content"] else again).append(name)
+        finished = runs.finished_run(root, name)
+        (done if finished and finished[0].name == runs.version_name(spec.identity, contents, spec.rerun)
+         else again).append(name)
     if done:
         argv, env = snakemake(config, "--touch", "--cores", "1", "--forcerun", *done, "--allowed-rules", *done,
                               "--", *(str(runs.sentinel_path(root, n)) for n in done))

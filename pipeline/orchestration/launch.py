@@ -1,20 +1,5 @@
-"""A run of the workflow, once every stage is composed and checked (`workflow.action=run`):
-
-    local   Snakemake here, holding the launch lock until it ends (Ctrl-C stops it and every running stage)
-    slurm   the controller (Snakemake with the SLURM executor) submitted as a small SLURM job; returns at once
-
-A run writes the launch's config, the stages as composed here, to <root>/_workflow/launches/<time>.json and takes a
-snapshot of the code: a copy of the checkout's source (the packages, conf/, infra/) under
-<root>/_workflow/code/<hash of its files>/. Snakemake, the SLURM controller and every stage job (and each of their
-requeues) read that config and run from that copy, so an edit or a `git pull` in the checkout changes nothing in
-flight; the next launch takes a new copy if the files changed (the same files share one).
-
-The stages' environment (workflow.env, e.g. WANDB_API_KEY, GLUE_DIR) is never written to disk: the launch's config
-records its names only (`environment`). The values travel in the environment of the processes: Snakemake's here
-(local), or the controller job's, which SLURM starts with the environment of its submission (sbatch --export=ALL) and
-keeps for its requeues; the executor submits the stage jobs with its own (--export=ALL), and the stage runner passes
-it on. A relaunch needs them on its command line again, as every launch does.
-"""
+"""A run (`workflow.action=run`): Snakemake here, or the controller as a SLURM job, from a snapshot of the code with
+the launch's config (<root>/_workflow/launches/<time>.json, naming the environment's variables, not their values)."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,19 +13,19 @@ import sys
 from pathlib import Path
 
 from pipeline.core.app import REPO_ROOT
+from pipeline.core.file_stamp import files_sha256
 from pipeline.orchestration import runs
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.report import report_files
 from pipeline.orchestration.slurm import QueueError, rule_resources, run
-from pipeline.orchestration.spec import REPORT_STAGE, STATE_DIR, Stage, Workflow, WorkflowError
+from pipeline.orchestration.workflow_config import REPORT_STAGE, STATE_DIR, Stage, Workflow, WorkflowError
 
 SLURM_LOG_DIR = "slurm_logs"
 SOURCES = ("pipeline", "model", "data_prep", "conf", "infra", "pyproject.toml")     # what a snapshot holds
 
 
 def job_name_prefix(name: str, root: str | Path) -> str:
-    """What every SLURM job of this workflow root is named after (the executor appends _<run id>): the workflow's
-    name and a hash of its resolved root, so two roots never mistake each other's jobs."""
+    """What every SLURM job of this workflow root is named after (the executor appends _<run id>): roots never mix."""
     return f"{name[:30]}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
 
 
@@ -49,10 +34,7 @@ def take_snapshot(state_dir: Path, repo: Path = REPO_ROOT) -> Path:
     files = sorted(p for top in SOURCES for p in ([repo / top] if (repo / top).is_file() else (repo / top).rglob("*"))
                    if p.is_file() and "__pycache__" not in p.parts
                    and not any(part.startswith(".") for part in p.relative_to(repo).parts))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
-    target = state_dir / "code" / digest.hexdigest()[:12]
+    target = state_dir / "code" / files_sha256(files, repo)[:12]
     if not target.is_dir():
         partial = target.with_name(f".{target.name}.{os.getpid()}")
         for path in files:
@@ -63,6 +45,11 @@ def take_snapshot(state_dir: Path, repo: Path = REPO_ROOT) -> Path:
         except OSError:                      # another launch made the same copy meanwhile
             shutil.rmtree(partial)
     return target
+
+
+def code_environment(code: Path | str, env: dict[str, str]) -> dict[str, str]:
+    """`env` with the code snapshot first on PYTHONPATH: what Snakemake, the controller and the stages import."""
+    return {**env, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])}
 
 
 def stage_environment(specs: dict[str, Stage]) -> dict[str, str]:
@@ -85,26 +72,24 @@ def write_launch(workflow: Workflow, specs: dict[str, Stage], code: Path, direct
 
 
 def snakemake(config: Path, *args: str, workdir: Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """Snakemake on the launch's config, from its code snapshot, and its environment: this process's without the
-    SLURM variables of the job it may run in (the controller's geometry must not leak into the stage jobs), but with
-    SLURM_CONF, which the executor would drop with them."""
+    """Snakemake on the launch's config, from its code snapshot, in this process's environment without the variables
+    of the SLURM job it may run in (the controller's geometry must not reach the stage jobs) but SLURM_CONF."""
     launch = runs.read_json(config)
     code = Path(launch["code"])
     argv = [sys.executable, "-m", "snakemake", "--snakefile", str(code / "pipeline" / "orchestration" / "Snakefile"),
             "--directory", str(workdir or launch["workflow"]["root"]), "--configfile", str(config), *args]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    return argv, {**env, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    return argv, code_environment(code, {k: v for k, v in os.environ.items()
+                                          if not k.startswith("SLURM_") or k == "SLURM_CONF"})
 
 
 def run_command(config: Path, forcerun: list[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """The launch's run: every stage that must run (--forcerun: those asked to run again on new code, and any
-    other given)."""
+    """The launch's run; --forcerun: the stages asked to run again on new code, and `forcerun`."""
     launch = runs.read_json(config)
     wf, code = launch["workflow"], Path(launch["code"])
     rerun = [*forcerun, *(name for name, stage in launch["stages"].items() if stage["rerun"])]
     args = ["--forcerun", *dict.fromkeys(rerun)] if rerun else []
     if launch["executor"] == "slurm":
-        args += ["--profile", str(code / "infra" / "slurm" / "snakemake"),
+        args += ["--profile", str(code / "pipeline" / "orchestration" / "profiles" / "slurm"),
                  "--slurm-logdir", str(Path(wf["root"]) / STATE_DIR / SLURM_LOG_DIR),
                  "--slurm-jobname-prefix", job_name_prefix(wf["name"], wf["root"]),
                  "--jobs", str(wf["slurm"]["max_jobs"])]
@@ -162,7 +147,7 @@ def submit_controller(workflow: Workflow, specs: dict[str, Stage]) -> int:
         argv += [f"--{key}={value}" for key in ("partition", "account")
                  if (value := controller.get(key) or workflow.slurm.get(key))]
         result = subprocess.run([*argv, "--wrap", command], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, **stage_environment(specs), "PYTHONPATH": code})
+                                env=code_environment(code, {**os.environ, **stage_environment(specs)}))
         if result.returncode != 0:
             raise WorkflowError(f"sbatch refused the controller job: {result.stderr.strip()}")
         job_id = result.stdout.strip().split(";")[0]

@@ -1,6 +1,5 @@
-"""The report rule: the downstream scores and the pictures, which Snakemake's HTML report shows beside the stage graph
-and the stages' run times (`workflow.action=report`). Writes <root>/report/: scores.csv (task, main metric, score,
-every dev metric, W&B), scores.png and curves-<stage>.png for each pre-training stage; the scores also to its log."""
+"""The report rule: <root>/report/ with scores.csv (task, main metric, score, every dev metric, W&B), scores.png and
+each pre-training's curves, which Snakemake's HTML report shows beside the stage graph and run times."""
 from __future__ import annotations
 
 import csv
@@ -26,12 +25,9 @@ def wandb_links(output_dir: Path, log_path: Path) -> list[str]:
     (for `wandb sync`). Nothing when W&B was off."""
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     links = list(dict.fromkeys(RUN_URL.findall(text)))
-    for run_dir in sorted(output_dir.glob("wandb/offline-run-*")):
-        links.append(f"offline: {run_dir} (upload with `wandb sync {run_dir}`)")
-    if not links:
-        # an online run whose URL did not reach a log we can read: its files still name the run
-        links += [f"run files: {d}" for d in sorted(output_dir.glob("wandb/run-*"))]
-    return links
+    links += [f"offline: {d} (upload with `wandb sync {d}`)" for d in sorted(output_dir.glob("wandb/offline-run-*"))]
+    # an online run whose URL did not reach a log we can read: its files still name the run
+    return links or [f"run files: {d}" for d in sorted(output_dir.glob("wandb/run-*"))]
 
 
 def _picture(path: Path, draw) -> None:
@@ -48,9 +44,9 @@ def _picture(path: Path, draw) -> None:
 
 def write_report(launch: dict, log: str) -> None:
     root, out = Path(launch["workflow"]["root"]), Path(launch["workflow"]["root"]) / "report"
-    done = {name: (root / name / runs.CURRENT).resolve() for name, spec in launch["stages"].items()
-            if runs.read_json(runs.sentinel_path(root, name))
-            and (runs.read_json(root / name / runs.CURRENT / runs.RECORD) or {}).get("identity") == spec["identity"]}
+    finished = {name: runs.finished_run(root, name) for name in launch["stages"]}
+    done = {name: run[0] for name, run in finished.items()
+            if run and run[1].get("identity") == launch["stages"][name]["identity"]}
     scores = []
     for name, run_dir in done.items():
         if (run_dir / "metrics.json").is_file():
@@ -73,7 +69,7 @@ def write_report(launch: dict, log: str) -> None:
         if spec["entry"] == "train" and curves.is_file():
             shutil.copyfile(curves, out / f"curves-{name}.png")
         elif spec["entry"] == "train":
-            _picture(out / f"curves-{name}.png", lambda ax: (ax.axis("off"), ax.text(
+            _picture(out / f"curves-{name}.png", lambda ax, name=name: (ax.axis("off"), ax.text(
                 0.5, 0.5, f"{name}: no curves (not finished, or export.plot=false)", ha="center")))
     Path(log).write_text("\n".join(f"{r['task']}: {r['metric']} {r['score']} ({r['stage']})" for r in scores) + "\n",
                          encoding="utf-8")

@@ -1,26 +1,17 @@
-"""A stage's run directories and its sentinel: the files through which stages hand their results on.
-
-    <root>/<stage>/<version>/        one run directory per version of the stage, never removed by the workflow
-    <root>/<stage>/current           link to the run directory of the latest finished run
-    <root>/<stage>/DONE.json         the sentinel: the rule's output (Snakemake removes it before the rule runs again)
-
-A version is a hash of the stage's identity (config, external inputs' content) and its inputs' content, so a changed
-config starts a new directory beside the old one, and the same config on the same inputs (an interrupted run, a SLURM
-requeue, a relaunch after a code edit) goes back to its own directory. Each run directory holds workflow_stage.json:
-what it was made from, with which code and packages, and each attempt.
-
-The sentinel holds only the content identity of the stage's result (the shard checksums, the final checkpoint, the
-model's files, the scores): Snakemake compares a small input's checksum with the one its reader last ran on, so a
-stage that ran again and made the same content does not make its readers run again.
-"""
+"""The files through which stages hand on their results: run directories <root>/<stage>/<version>/, `current`, the
+sentinel DONE.json (the rule's output: the result's content identity); the one finished-run reader."""
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+from pipeline.core.atomic_files import write_atomically
+from pipeline.core.file_stamp import files_sha256
 
 SENTINEL = "DONE.json"
 CURRENT = "current"
@@ -32,6 +23,15 @@ def sentinel_path(root: Path, stage: str) -> Path:
     return Path(root) / stage / SENTINEL
 
 
+def finished_run(root: Path, stage: str) -> tuple[Path, dict] | None:
+    """(run directory, record) of the finished run the stage's sentinel names; None if none, or `current` differs."""
+    sentinel, run_dir = read_json(sentinel_path(root, stage)), (Path(root) / stage / CURRENT).resolve()
+    record = read_json(run_dir / RECORD) or {}
+    if sentinel is None or not record.get("finished") or record.get("content") != sentinel.get("content"):
+        return None
+    return run_dir, record
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -40,14 +40,7 @@ def read_json(path: Path) -> Any:
 
 
 def write_json(path: Path, record: Any) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, indent=2) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    write_atomically(path, json.dumps(record, indent=2) + "\n")      # readers see the old file or the new one
 
 
 def version_name(identity: str, input_contents: Mapping[str, str], rerun: str | None = None) -> str:
@@ -70,17 +63,7 @@ def point_current(stage_dir: Path, run_dir: Path) -> None:
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-
-
-def _hash_files(paths: list[Path], base: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(paths):
-        digest.update(str(path.relative_to(base)).encode() + b"\0")
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    return _dt.datetime.now(_dt.UTC).astimezone().isoformat(timespec="seconds")
 
 
 def content_identity(entry: str, run_dir: Path) -> str:
@@ -97,9 +80,9 @@ def content_identity(entry: str, run_dir: Path) -> str:
         if not checkpoint.exists():                       # nothing for a reader; never the hash of nothing
             raise FileNotFoundError(f"{checkpoint} not found: the run left no final checkpoint to hand on")
         files = [checkpoint] if checkpoint.is_file() else [p for p in checkpoint.rglob("*") if p.is_file()]
-        return _hash_files(files, run_dir)
+        return files_sha256(files, run_dir)
     if entry == "export":
-        return _hash_files([p for p in run_dir.iterdir() if p.is_file() and p.name != RECORD
+        return files_sha256([p for p in run_dir.iterdir() if p.is_file() and p.name != RECORD
                             and not p.name.endswith(".log")], run_dir)
     if entry == "finetune":
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))

@@ -16,10 +16,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from model import PRESETS, BertConfig
-from pipeline.core import app
+from pipeline.core import app, devices
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core.checkpoint_retention import Retention
-from pipeline.core import devices
 from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.fp8 import check_fp8_settings
 from pipeline.core.loggers import check_logger_config
@@ -202,7 +201,8 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
                  int(cfg.data.global_batch_size), world, most)
     max_steps = int(trainer_cfg.get("max_steps", -1))
     if max_steps < 1 and not trainer_cfg.get("fast_dev_run"):
-        raise ValueError(f"trainer.max_steps must be positive (training is bounded by optimizer steps), got {max_steps}")
+        raise ValueError("trainer.max_steps must be positive (training is bounded by optimizer steps), "
+                         f"got {max_steps}")
     schedule_steps = int(cfg.scheduler.get("total_steps") or max(max_steps, 1))
     warmup_steps = warmup_steps_of(cfg.scheduler, schedule_steps)
     seq = int(cfg.data.max_seq_length)

@@ -199,7 +199,8 @@ class BertPretrainingModule(pl.LightningModule):
 
     def configure_optimizers(self):
         # The same parameter groups and schedule under every strategy; under ZeRO-Offload the CPU's Adam kernel.
-        optimizer = build_optimizer(self.model, self.hparams.optimizer, offload=offloads_optimizer(self.trainer.strategy),
+        optimizer = build_optimizer(self.model, self.hparams.optimizer,
+                                    offload=offloads_optimizer(self.trainer.strategy),
                                     lightning_clips_amp=clips_under_mixed_precision(self.trainer))
         scheduler = build_scheduler(optimizer, self.hparams.scheduler, self.hparams.max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf

@@ -63,7 +63,7 @@ def test_cpu_rehearsal_runs_every_row(benchmark_script, tmp_path, torch_extensio
     rows = cells_by_row(table)
     assert set(rows) == {"pretrain-128-ddp", "pretrain-128-deepspeed_stage_2", "pretrain-512-ddp",
                          "pretrain-512-deepspeed_stage_2", "finetune-sst2"}
-    for name, cells in rows.items():
+    for _name, cells in rows.items():
         model, seq, strategy, optimizer, batch, seqs, padded, real, mfu, memory, attention = cells
         assert float(seqs.replace(",", "")) > 0 and float(padded.replace(",", "")) >= float(real.replace(",", "")) > 0
         assert mfu == "n/a (no peak)"             # no peak FLOP/s for a CPU: no MFU, rather than a made-up one

@@ -15,7 +15,6 @@ import pytest
 
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
-
 # The pre-training on 2 CPU processes (Lightning's launcher re-runs this script for rank 1), printing the step each
 # fit starts and ends at. With KILL_IN=<checkpoint name>, rank 1 dies inside that checkpoint's save, with rank 0:
 # torch.save of its ZeRO shard waits until rank 0 has written its own files (and DeepSpeed's `latest`, where rank 0

@@ -23,7 +23,8 @@ def test_the_device_model_records_reads_of_device_values_only_whoever_reads_them
         host = torch.tensor([1.0, 2.0])         # no device: the host, as on a GPU machine
         assert host.sum().item() == 3.0 and host.tolist() == [1.0, 2.0]       # host reads: nothing to wait for
         loss = (weight * 2).sum()
-        copy = torch.empty(()); copy.copy_(loss, non_blocking=True)            # the pinned, asynchronous copy
+        copy = torch.empty(())
+        copy.copy_(loss, non_blocking=True)                                    # the pinned, asynchronous copy
         assert float(copy.clone().detach()) == 6.0                             # a host copy, cloned: still the host
         on_device = torch.tensor(1.0, device=torch.device("cpu"))              # a Python value sent to "the" device
         code = "v = loss.item()\nif weight.any(): pass"

@@ -1,5 +1,5 @@
-"""pipeline/core/strategies.py: DeepSpeed configs from conf/training/strategy/*.yaml, the strategies built from them, and real
-2-process runs on CPU (DDP over gloo; DeepSpeed ZeRO 2 and 3 through CPUDeepSpeedStrategy)."""
+"""pipeline/core/strategies.py: DeepSpeed configs from conf/training/strategy/*.yaml, the strategies built from them,
+and real 2-process runs on CPU (DDP over gloo; DeepSpeed ZeRO 2 and 3 through CPUDeepSpeedStrategy)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -15,8 +15,6 @@ from pipeline.core.checkpoint_files import is_complete
 from pipeline.core.strategies import deepspeed_config
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
-
-
 # ---------------------------------------------------------------------------------------------- 2-process runs
 
 # One script for both runs: a tiny regression LightningModule trained by 2 CPU processes (Lightning's subprocess

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import os
 
-
 from model import BertConfig, flops_per_token
 from pipeline.core.app import FINETUNE_SAMPLE_DATA, compose
 from pipeline.core.callbacks.throughput import ThroughputMonitor

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.plan import InputError, expand_inputs, source_names
 from data_prep.config import InputSpec
+from data_prep.plan import InputError, expand_inputs, source_names
 from data_prep.run import run
 
 IN_PROCESS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]

@@ -3,7 +3,8 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_prep.instances import (
     InstanceConfig,
@@ -31,7 +32,7 @@ def all_instances(docs, config, seed=0):
 @settings(max_examples=60, deadline=None)
 @given(documents_strategy, st.integers(5, 64), st.integers(0, 1000))
 def test_every_instance_fits_and_has_both_segments(lengths, max_seq_length, seed):
-    docs = [make_document(f"d{i}", l) for i, l in enumerate(lengths)]
+    docs = [make_document(f"d{i}", length) for i, length in enumerate(lengths)]
     for inst in all_instances(docs, InstanceConfig(max_seq_length), seed):
         len_a, len_b = inst.a_end - inst.a_start, inst.b_end - inst.b_start
         assert len_a >= 1 and len_b >= 1
@@ -44,7 +45,7 @@ def test_every_instance_fits_and_has_both_segments(lengths, max_seq_length, seed
 @given(documents_strategy, st.integers(0, 1000))
 def test_random_next_never_comes_from_the_same_document(lengths, seed):
     """The reference's bug: its ten tries could fall back to the same document, labelled random."""
-    docs = [make_document(f"d{i}", l) for i, l in enumerate(lengths)]
+    docs = [make_document(f"d{i}", length) for i, length in enumerate(lengths)]
     for inst in all_instances(docs, InstanceConfig(24), seed):
         if inst.is_random_next:
             assert inst.b_doc != inst.a_doc
@@ -56,7 +57,7 @@ def test_random_next_never_comes_from_the_same_document(lengths, seed):
 @given(documents_strategy, st.integers(0, 1000))
 def test_without_truncation_each_copy_covers_the_document_in_order(lengths, seed):
     """A and actual-next B spans tile the document exactly: random-next chunks put their unused sentences back."""
-    docs = [make_document(f"d{i}", l) for i, l in enumerate(lengths)]
+    docs = [make_document(f"d{i}", length) for i, length in enumerate(lengths)]
     config = InstanceConfig(max_seq_length=4000, short_seq_prob=0.5)  # never truncates: every span is whole sentences
     for doc_index, doc in enumerate(docs):
         instances = create_instances_from_document(docs, doc_index, random.Random(seed), config, InstanceCounts())
@@ -99,7 +100,8 @@ def test_a_bucket_of_one_document_counts_chunks_it_cannot_pair():
 
 
 def reference_truncation(len_a, len_b, max_num_tokens, rng):
-    """google-research/bert's truncate_seq_pair, token by token, on counts: returns (front_a, back_a, front_b, back_b)."""
+    """google-research/bert's truncate_seq_pair, token by token, on counts:
+    returns (front_a, back_a, front_b, back_b)."""
     removed = {"a": [0, 0], "b": [0, 0]}
     while len_a + len_b > max_num_tokens:
         side = "a" if len_a > len_b else "b"

@@ -100,7 +100,8 @@ def test_dynamic_mlm_shards_are_unmasked_and_identical_across_runners(corpus, tm
     assert [s["parquet"]["sha256"] for s in one["shards"]] == [s["parquet"]["sha256"] for s in two["shards"]]
     table = pq.read_table(tmp_path / "a" / one["shards"][0]["parquet"]["path"])
     assert table.column_names == ["input_ids"]
-    assert bert_vocab.index("[MASK]") not in set(np.concatenate(table.column("input_ids").to_numpy(zero_copy_only=False)))
+    assert bert_vocab.index("[MASK]") not in set(
+        np.concatenate(table.column("input_ids").to_numpy(zero_copy_only=False)))
 
 
 @pytest.mark.parametrize(("args", "message"), [

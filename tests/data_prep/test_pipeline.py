@@ -55,7 +55,8 @@ def test_dynamic_masking_stores_unmasked_instances(corpus, tmp_path, bert_vocab)
     manifest = run(job_args(corpus, tmp_path / "out", "masking=dynamic", "dupe_factor=1") + IN_PROCESS)
     table = pq.read_table(tmp_path / "out" / manifest["shards"][0]["parquet"]["path"])
     assert table.column_names == ["input_ids", "num_tokens_a", "next_sentence_label"]
-    assert bert_vocab.index("[MASK]") not in set(np.concatenate(table.column("input_ids").to_numpy(zero_copy_only=False)))
+    assert bert_vocab.index("[MASK]") not in set(
+        np.concatenate(table.column("input_ids").to_numpy(zero_copy_only=False)))
 
 
 def test_tfrecord_shards_hold_the_parquet_instances_in_the_reference_layout(corpus, tmp_path):
@@ -110,7 +111,8 @@ def test_data_prep_imports_and_plans_without_torch():
 
 def test_a_vocabulary_trained_on_the_inputs_is_written_hashed_and_used(corpus, tmp_path):
     from data_prep.vocab import parse_vocab, vocab_sha256
-    manifest = run(job_args(corpus, tmp_path / "out", "vocab.file=null", "vocab.size=3000", "dupe_factor=1") + IN_PROCESS)
+    manifest = run(job_args(corpus, tmp_path / "out", "vocab.file=null", "vocab.size=3000", "dupe_factor=1")
+                   + IN_PROCESS)
     tokens = parse_vocab((tmp_path / "out" / "vocab.txt").read_text(encoding="utf-8"))
     assert manifest["tokenizer"]["source"] == "trained" and manifest["tokenizer"]["vocab_size"] == len(tokens) <= 3000
     assert manifest["tokenizer"]["vocab_sha256"] == vocab_sha256(tokens)
@@ -129,7 +131,8 @@ def test_bad_inputs_are_skipped_and_counted_in_the_manifest_and_beam_metrics(tmp
     shutil.copy(shared_data / "corpora" / "books" / "chesterton-ball.txt", corpus / "books")  # has a latin-1 byte
     (corpus / "books" / "empty.txt").write_bytes(b"")
     (corpus / "books" / "binary.txt").write_bytes(bytes(range(256)) * 64)
-    (corpus / "books" / "crlf.txt").write_bytes(b"One line here.\r\nAnd more text follows.\r\n\r\nA second paragraph.\r\n")
+    (corpus / "books" / "crlf.txt").write_bytes(b"One line here.\r\nAnd more text follows.\r\n"
+                                                b"\r\nA second paragraph.\r\n")
     (corpus / "books" / "one-sentence.txt").write_text("Only this sentence stands here.\n")
     (corpus / "books" / "long-line.txt").write_text(("word " * 2_000_000) + "\n")  # a 10 MB line
     dump = (shared_data / "corpora" / "wikipedia" /

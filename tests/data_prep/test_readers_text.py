@@ -279,7 +279,7 @@ def test_parquet_without_or_with_wrong_column(tmp_path: Path):
     assert len(documents(read(path, "parquet", "d", text_column="body"))) == 3
     pq.write_table(pa.table({"text": [1, 2]}), path)
     assert read(path, "parquet", "d")[0].count == 2
-    pq.write_table(pa.table({"text": pa.array([b"caf\xe9", "plain".encode()], pa.binary())}), path)
+    pq.write_table(pa.table({"text": pa.array([b"caf\xe9", b"plain"], pa.binary())}), path)
     items = read(path, "parquet", "d")
     assert [d.paragraphs for d in documents(items)] == [("café",), ("plain",)]
     assert skips(items) == [Skip(Repair.NON_UTF8_LINES.value, "d", count=1)]

@@ -54,7 +54,8 @@ def test_detected_by_content_whatever_the_name(extracted: Path, tmp_path: Path, 
         (tmp_path / name).write_bytes(plain)
         assert detect_format(str(tmp_path / name)) == "wikiextractor"
     assert detect_format(str(extracted / "wiki_00.bz2")) == "wikiextractor"
-    dump = shared_data / "corpora" / "wikipedia" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    dump = (shared_data / "corpora" / "wikipedia"
+            / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
     shutil.copy(dump, tmp_path / "dump.txt.bz2")          # a MediaWiki export named like a compressed book
     assert detect_format(str(tmp_path / "dump.txt.bz2")) == "wikipedia"
     (tmp_path / "book.txt.bz2").write_bytes(bz2.compress(b"It was a truth universally acknowledged.\n"))

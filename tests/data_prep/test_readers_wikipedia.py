@@ -106,7 +106,9 @@ def export(*pages: str, namespace: str = _EXPORT_NS) -> str:
 
 
 ARTICLE = """{{Infobox person|name=Ada|birth_date={{birth date|1815|12|10}}}}
-'''Ada Lovelace''' ({{IPA|ˈlʌvlɛs}}) was an English [[mathematician]] and [[writer|author]].<ref name="a">{{cite book|title=X}}</ref> She worked on [[Charles Babbage]]'s [[Analytical Engine]].<ref>Plain ref.</ref>
+'''Ada Lovelace''' ({{IPA|ˈlʌvlɛs}}) was an English [[mathematician]] and [[writer|author]].\
+<ref name="a">{{cite book|title=X}}</ref> \
+She worked on [[Charles Babbage]]'s [[Analytical Engine]].<ref>Plain ref.</ref>
 [[File:Ada Lovelace portrait.jpg|thumb|left|Portrait of [[Ada Lovelace|Ada]] in 1840]]
 
 == Early life ==

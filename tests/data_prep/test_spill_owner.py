@@ -27,11 +27,28 @@ def owner_record(out: Path) -> dict:
     return json.loads((out / "_spill" / "owner.json").read_text())
 
 
+def _recorded_job_id(out: Path) -> str | None:
+    try:
+        return owner_record(out).get("job_id")
+    except (OSError, ValueError):   # not written yet
+        return None
+
+
 def job_args(corpus, out) -> list[str]:
     return [f"inputs=[{corpus}/records.jsonl]", f"output_dir={out}", "preset=phase1", "num_shards=2", "dupe_factor=1"]
 
 
-def test_ctrl_c_leaves_a_running_jobs_spill_and_a_second_run_refuses(corpus, tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def python_ctrl_c():
+    """Ctrl-C as a user's command gets it, Python's KeyboardInterrupt, whatever handler an earlier test left in this
+    process (pytest-xdist runs many test files in one process; the workflow controller's handlers are for its own)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_leaves_a_running_jobs_spill_and_a_second_run_refuses(corpus, tmp_path, monkeypatch, caplog,
+                                                                      python_ctrl_c):
     """Ctrl-C while the launcher waits stops the waiting, not the job: the job (RUNNING) keeps its spill, the log
     says where it is and how to remove it, a second run of the output refuses, and the job finishes its shards."""
     caplog.set_level(logging.WARNING)
@@ -43,6 +60,11 @@ def test_ctrl_c_leaves_a_running_jobs_spill_and_a_second_run_refuses(corpus, tmp
     def held_writer(*args, **kwargs):   # the job's first shard writer: the user presses Ctrl-C meanwhile
         if not reached.is_set():
             reached.set()
+            # ... once the launcher waits: pipeline.run() has returned and the job's id is recorded (on a loaded
+            # machine this writer can start before run() returns)
+            deadline = time.monotonic() + 60
+            while not _recorded_job_id(out) and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGINT)
         release.wait(60)
         return write_shard(*args, **kwargs)

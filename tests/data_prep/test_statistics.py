@@ -48,7 +48,8 @@ def test_instance_count_and_mean_length_are_those_of_the_reference(runs):
     instances = np.array([stats.instances for stats, _ in runs])
     mean_length = np.array([stats.summary()["mean_instance_length"] for stats, _ in runs])
     assert abs(REFERENCE_INSTANCES - instances.mean()) < 3 * instances.std(), (instances.mean(), instances.std())
-    assert abs(REFERENCE_MEAN_LENGTH - mean_length.mean()) < 3 * mean_length.std(), (mean_length.mean(), mean_length.std())
+    assert abs(REFERENCE_MEAN_LENGTH - mean_length.mean()) < 3 * mean_length.std(), (mean_length.mean(),
+                                                                                     mean_length.std())
 
 
 def test_masked_share_is_exactly_the_reference_formula(runs):

@@ -11,10 +11,9 @@ import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam import coders
-from apache_beam.io import tfrecordio
+from apache_beam.io import source_test_utils, tfrecordio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.io import source_test_utils
 from apache_beam.testing.util import assert_that, equal_to
 from tfrecord import example_pb2
 from tfrecord.reader import tfrecord_iterator, tfrecord_loader

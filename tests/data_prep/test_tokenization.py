@@ -2,8 +2,8 @@
 import string
 
 import pytest
-
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from data_prep.documents import Document
 from data_prep.tokenization import WordPieceEncoder, tokenize_document

@@ -25,7 +25,8 @@ SENTENCES = ["the movie was wonderful .", "a dull , lifeless and overlong film t
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
-    """A four-layer BERT (tiny's width) at random weights (seeded) as a Hugging Face directory, with the uncased vocabulary."""
+    """A four-layer BERT (tiny's width) at random weights (seeded) as a Hugging Face directory, with the uncased
+    vocabulary."""
     from model import BertConfig, BertForPreTraining
     from model.hf_files import export_hf
 

@@ -12,9 +12,9 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetuning.tasks import get_task  # noqa: E402
 from pipeline.finetuning.tasks.conll import LABELS, conll_text, entity_metrics, evaluate, ner_features, read_conll  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "conll2003"

@@ -14,9 +14,9 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 import datasets  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetuning.tasks import get_task  # noqa: E402
 from pipeline.finetuning.tasks.conll import LABELS, context_sizes, ner_features, read_conll  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VOCABS = REPO / "data_prep" / "vocab"

@@ -136,7 +136,8 @@ def test_evaluation_order_is_shortest_first():
 
 def test_token_labels_are_padded_with_the_ignored_label():
     import datasets
-    features = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 7, 8, 9, 3]], "token_type_ids": [[0] * 3, [0] * 5],
+    features = datasets.Dataset.from_dict({"input_ids": [[2, 7, 3], [2, 7, 8, 9, 3]],
+                                           "token_type_ids": [[0] * 3, [0] * 5],
                                            "length": [3, 5], "label": [[-100, 1, -100], [-100, 2, -100, 3, -100]]})
     rows = FeatureRows(features, kind="token")
     batch = PaddingCollator(0)([rows[0], rows[1]])

@@ -13,8 +13,8 @@ import torch  # noqa: E402
 
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification  # noqa: E402
 from model.hf_files import export_hf  # noqa: E402
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.core.weights import load_into_task_model, load_pretrained  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"

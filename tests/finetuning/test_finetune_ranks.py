@@ -230,7 +230,7 @@ def test_conll_predictions_are_the_same_on_two_ranks(shared_data, tiny_bert_dir,
 
 
 def test_a_row_repeated_by_the_sampler_counts_once_and_a_row_no_rank_saw_is_an_error():
-    from pipeline.finetuning.gather import rows_on_rank_zero   # here: the file's other tests also run on older code
+    from pipeline.finetuning.gather import rows_on_rank_zero  # here: the file's other tests also run on older code
 
     assert rows_on_rank_zero([2, 0, 1, 0], ["c", "a", "b", "a"], 3, "sst2 dev") == ["a", "b", "c"]
     with pytest.raises(RuntimeError, match="sst2 dev: 1 of 3 rows were not evaluated"):

@@ -116,8 +116,8 @@ def test_export_loads_in_transformers_with_label_names_and_agrees(sst2_run):
 
 def test_featurized_splits_are_cached(tiny_bert_dir, tmp_path):
     from pipeline.finetuning.features import featurize
-    from pipeline.finetuning.tokenizer import load_tokenizer
     from pipeline.finetuning.tasks import get_task
+    from pipeline.finetuning.tokenizer import load_tokenizer
 
     task, tokenizer = get_task("sst2"), load_tokenizer(tiny_bert_dir, 30522)
     rows = task.read("train", str(SAMPLE_SST2 / "train.tsv"), cache_dir=str(tmp_path))

@@ -45,8 +45,9 @@ def test_two_run_sweep_through_submitit_on_slurm(slurm_cluster, tiny_bert_dir, t
     for task in tasks:
         # submitit returns once a task's result file exists, which can be before SLURM has finished the job's
         # teardown: wait for the state to settle ("" once slurmctld has purged a finished job)
-        slurm_cluster._wait(lambda: slurm_cluster.job_field(task, "JobState") not in ("PENDING", "RUNNING",
-                                                                                        "COMPLETING"),
+        # (the condition is called only inside _wait, in this iteration: `task` bound for ruff's B023, same value)
+        slurm_cluster._wait(lambda task=task: slurm_cluster.job_field(task, "JobState") not in ("PENDING", "RUNNING",
+                                                                                                  "COMPLETING"),
                             60, f"job {task} did not finish")
         assert slurm_cluster.job_field(task, "JobState") in ("COMPLETED", ""), task
     assert {r["wandb_group"] for r in records} == {f"sst2-{sweep.parent.name}-{sweep.name}"}

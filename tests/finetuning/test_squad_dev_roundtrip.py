@@ -16,10 +16,10 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetuning.tasks.squad import postprocess, read_squad, squad_features, squad_v1_metrics  # noqa: E402
 from pipeline.finetuning.tasks.squad.evaluate import exact_match_score  # noqa: E402
 from pipeline.finetuning.tasks.squad.reader import SQUAD_FEATURES  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GOAL = 99.0

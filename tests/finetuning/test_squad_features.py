@@ -1,7 +1,7 @@
-"""SQuAD reading (pipeline.finetuning.tasks.squad.reader) and features (pipeline.finetuning.tasks.squad.features): the real AllenNLP
-sample, a hand-written file (tests/finetuning/fixtures/squad/), doc-stride windows and max-context marks computed by
-hand, label positions, character offsets (accents, cased and uncased vocabularies), the report's counts, caching and
-bad input."""
+"""SQuAD reading (pipeline.finetuning.tasks.squad.reader) and features (pipeline.finetuning.tasks.squad.features): the
+real AllenNLP sample, a hand-written file (tests/finetuning/fixtures/squad/), doc-stride windows and max-context marks
+computed by hand, label positions, character offsets (accents, cased and uncased vocabularies), the report's counts,
+caching and bad input."""
 from __future__ import annotations
 
 import json
@@ -18,10 +18,10 @@ import datasets  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetuning.tasks.squad import SQUAD_V1, read_squad, squad_features  # noqa: E402
 from pipeline.finetuning.tasks.squad.features import answer_token_span, max_context_windows, window_starts  # noqa: E402
 from pipeline.finetuning.tasks.squad.reader import SQUAD_FEATURES  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = REPO / "data_prep" / "vocab"

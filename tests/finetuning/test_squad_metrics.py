@@ -1,6 +1,6 @@
-"""SQuAD v1.1 exact match and F1 (pipeline.finetuning.tasks.squad.evaluate) on hand-written cases: each normalisation step of
-the official evaluate-v1.1.py, the maximum over several gold answers, a question without a prediction, the arithmetic
-of token F1, and the percentages the official script prints."""
+"""SQuAD v1.1 exact match and F1 (pipeline.finetuning.tasks.squad.evaluate) on hand-written cases: each normalisation
+step of the official evaluate-v1.1.py, the maximum over several gold answers, a question without a prediction, the
+arithmetic of token F1, and the percentages the official script prints."""
 from __future__ import annotations
 
 import os
@@ -13,8 +13,12 @@ import datasets  # noqa: E402
 import pytest  # noqa: E402
 
 from pipeline.finetuning.tasks.squad.evaluate import (  # noqa: E402
-    exact_match_score, f1_score, gold_answers, normalize_answer, squad_v1_metrics)
-
+    exact_match_score,
+    f1_score,
+    gold_answers,
+    normalize_answer,
+    squad_v1_metrics,
+)
 
 # -- normalisation, one step at a time ---------------------------------------------------------------------------
 

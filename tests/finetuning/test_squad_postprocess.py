@@ -1,5 +1,5 @@
-"""SQuAD post-processing (pipeline.finetuning.tasks.squad.postprocess) and the task object: hand-written logits for each rule
-(context tokens only, end >= start, at most max_answer_length tokens, starts only where the window has max context,
+"""SQuAD post-processing (pipeline.finetuning.tasks.squad.postprocess) and the task object: hand-written logits for each
+rule (context tokens only, end >= start, at most max_answer_length tokens, starts only where the window has max context,
 distinct texts, softmax over the n-best), the vectorised code against a plain loop written from the reference's
 write_predictions on random logits over many windows, and SQUAD_V1 in the registry, evaluating end to end."""
 from __future__ import annotations
@@ -18,10 +18,10 @@ import datasets  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 from pipeline.finetuning.tasks import TASKS, get_task  # noqa: E402
 from pipeline.finetuning.tasks.squad import SQUAD_V1, SquadTask, postprocess, read_squad, squad_features  # noqa: E402
 from pipeline.finetuning.tasks.squad.reader import SQUAD_FEATURES  # noqa: E402
+from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HANDWRITTEN = Path(__file__).parent / "fixtures" / "squad" / "handwritten-v1.1.json"
@@ -193,7 +193,7 @@ def plain_postprocess(examples, features, start_logits, end_logits, n_best, max_
                     prelim.append((float(start_logits[f][s]) + float(end_logits[f][e]), f, s, e))
         prelim.sort(key=lambda c: -c[0])
         entries, seen = [], set()
-        for score, f, s, e in prelim:
+        for _score, f, s, e in prelim:
             text = context[offsets[f][s][0]:offsets[f][e][1]]
             if text in seen:
                 continue

@@ -1,5 +1,6 @@
-"""pipeline.finetuning.tasks readers: the real GLUE/SWAG data in ../shared/data/downstream, hand-written files in GLUE's exact
-formats (tests/finetuning/fixtures/glue/), hub-layout parquet directories written here, and every kind of bad input."""
+"""pipeline.finetuning.tasks readers: the real GLUE/SWAG data in ../shared/data/downstream, hand-written files in GLUE's
+exact formats (tests/finetuning/fixtures/glue/), hub-layout parquet directories written here, and every kind of bad
+input."""
 from __future__ import annotations
 
 import csv

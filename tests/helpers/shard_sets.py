@@ -3,8 +3,8 @@ shared data: the tests' shared_data fixture, a benchmark's --shared-data): for t
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 SMALL_BOOKS = ("chesterton-thursday.txt", "chesterton-brown.txt")   # of the shared books, the two shortest: ~1,500 rows
 
@@ -14,7 +14,7 @@ def build_books_set(output_dir: str | Path, books: Iterable[str | Path], *overri
 
     `overrides` are further data_prep options, e.g. "masking=dynamic". Returns the manifest.
     """
-    from data_prep.run import run   # Apache Beam: only when a set is actually built
+    from data_prep.run import run  # Apache Beam: only when a set is actually built
     output_dir = Path(output_dir)
     inputs = output_dir.parent / f"{output_dir.name}-books"
     inputs.mkdir(parents=True, exist_ok=True)

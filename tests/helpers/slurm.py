@@ -204,7 +204,7 @@ class SlurmCluster:
     def stop(self) -> None:
         if NODE_CONF.is_symlink() and os.readlink(NODE_CONF) == str(self.conf):
             NODE_CONF.unlink(missing_ok=True)
-        for name, proc in reversed(self.daemons):     # slurmd, slurmctld, slurmdbd, MariaDB, then munged
+        for _name, proc in reversed(self.daemons):     # slurmd, slurmctld, slurmdbd, MariaDB, then munged
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:

@@ -14,11 +14,11 @@ STAGES = ["prep_phase1", "prep_phase2", "pretrain_phase1", "pretrain_phase2", "e
 
 
 def copy_checkout(destination: Path) -> Path:
-    """The repository's files (tracked, or new and not ignored) but tests/ and benchmarks/ (about 6 MB)."""
+    """The repository's files (tracked, or new and not ignored) but tests/, benchmarks/ and studies/ (about 6 MB)."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO_ROOT,
                             capture_output=True, text=True, check=True).stdout
     for name in listed.splitlines():
-        if name.split("/", 1)[0] in ("tests", "benchmarks") or not (REPO_ROOT / name).is_file():
+        if name.split("/", 1)[0] in ("tests", "benchmarks", "studies") or not (REPO_ROOT / name).is_file():
             continue
         (destination / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / name, destination / name)

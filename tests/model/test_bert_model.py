@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from model import (PEAK_FLOPS, BertConfig, BertForPreTraining, BertModel, flops_per_token, mfu,
-                   peak_flops_for_device)
+from model import PEAK_FLOPS, BertConfig, BertForPreTraining, BertModel, flops_per_token, mfu, peak_flops_for_device
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 1000
@@ -149,7 +148,8 @@ def test_tied_embedding_gets_gradient_from_decoder_and_input(batch_factory):
     embedding = tied.bert.embeddings.word_embeddings.weight
     assert tied.mlm_head.decoder.weight is embedding
     num_parameters = sum(p.numel() for p in tied.parameters())
-    assert num_parameters == sum(p.numel() for name, p in tied.state_dict().items() if name != "mlm_head.decoder.weight")
+    assert num_parameters == sum(p.numel() for name, p in tied.state_dict().items()
+                                 if name != "mlm_head.decoder.weight")
 
     # The same weights with the decoder untied: the tied gradient must be the sum of the two separate ones.
     untied = copy.deepcopy(tied)

@@ -9,11 +9,16 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from model import (  # noqa: E402
-    BertConfig, BertForMultipleChoice, BertForPreTraining, BertForSequenceClassification, BertModel)
+from model import BertConfig, BertForMultipleChoice, BertForPreTraining, BertForSequenceClassification, BertModel  # noqa: E402
 from model.hf_conversion import (  # noqa: E402
-    config_from_hf, encoder_state_from_hf, hf_config_from, hf_task_config_dict, load_task_from_hf_state_dict,
-    task_to_hf_state_dict, to_hf_state_dict)
+    config_from_hf,
+    encoder_state_from_hf,
+    hf_config_from,
+    hf_task_config_dict,
+    load_task_from_hf_state_dict,
+    task_to_hf_state_dict,
+    to_hf_state_dict,
+)
 from model.hf_files import export_hf_task, read_hf_checkpoint  # noqa: E402
 
 VOCAB = 1000

@@ -9,13 +9,17 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from model import (  # noqa: E402
-    BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForTokenClassification)
-from model.hf_conversion import (  # noqa: E402
-    config_from_hf, hf_config_from, hf_task_config_dict, load_task_from_hf_state_dict, task_to_hf_state_dict,
-    to_hf_state_dict)
-from model.hf_files import export_hf_task, read_hf_checkpoint  # noqa: E402
+from model import BertConfig, BertForPreTraining, BertForQuestionAnswering, BertForTokenClassification  # noqa: E402
 from model.heads import span_loss  # noqa: E402
+from model.hf_conversion import (  # noqa: E402
+    config_from_hf,
+    hf_config_from,
+    hf_task_config_dict,
+    load_task_from_hf_state_dict,
+    task_to_hf_state_dict,
+    to_hf_state_dict,
+)
+from model.hf_files import export_hf_task, read_hf_checkpoint  # noqa: E402
 
 VOCAB = 1000
 ATOL = 1e-5

@@ -17,10 +17,10 @@ from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.controller import adopt
 from pipeline.orchestration.launch import snakemake, write_launch
-from pipeline.orchestration.spec import Stage, load_workflow
-from pipeline.orchestration.stage import read_inputs
-from pipeline.orchestration.stages import stage_specs
-from pipeline.orchestration.views import summary
+from pipeline.orchestration.plan import dry_run
+from pipeline.orchestration.stage_config import stage_specs
+from pipeline.orchestration.stage_runner import read_inputs
+from pipeline.orchestration.workflow_config import Stage, load_workflow
 
 LONGER_PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=21','scheduler.warmup_steps=2',"
                  "'data.global_batch_size=8','data.micro_batch_size=8','data.num_workers=0']")
@@ -46,7 +46,7 @@ def _finish(root, launch, stage: str, content: str) -> None:
 
 
 def _runs(config) -> set[str]:
-    return {rule for rule, (_status, runs_again) in summary(config).items() if runs_again and rule != "report"}
+    return {rule for rule, (_status, runs_again) in dry_run(config).items() if runs_again and rule != "report"}
 
 
 @pytest.mark.slow

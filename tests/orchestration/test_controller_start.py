@@ -14,8 +14,8 @@ from pathlib import Path
 from pipeline.orchestration.launch import job_name_prefix, submit_controller
 from pipeline.orchestration.lock import LaunchLock
 from pipeline.orchestration.slurm import ACTIVE_STATES, active_stage_jobs
-from pipeline.orchestration.spec import load_workflow
-from pipeline.orchestration.stages import stage_specs
+from pipeline.orchestration.stage_config import stage_specs
+from pipeline.orchestration.workflow_config import load_workflow
 
 SECRET = "wandb-key-5f0c2a9e7b1d"
 

@@ -15,8 +15,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.orchestration import identity, runs
-from pipeline.orchestration.spec import load_workflow
-from pipeline.orchestration.stages import compose_stage, stage_specs
+from pipeline.orchestration.stage_config import compose_stage, stage_specs
+from pipeline.orchestration.workflow_config import load_workflow
 from tests.helpers.workflows import copy_checkout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -120,15 +120,16 @@ def test_an_environment_variable_counts_for_the_stages_whose_config_reads_it(tmp
 
 
 def test_the_identity_document_says_what_changed(tmp_path):
-    wf = lambda *o: stage_specs(load_workflow(["+workflow=tiny", f"workflow.root={tmp_path}", *o]),
-                                check_shapes=False)["finetune_sst2"].document
+    def wf(*o):
+        return stage_specs(load_workflow(["+workflow=tiny", f"workflow.root={tmp_path}", *o]),
+                           check_shapes=False)["finetune_sst2"].document
     old, new = wf(), wf("workflow.downstream.per_task.sst2=['optimizer.lr=1e-4']")
     assert identity.changed_keys(old, new) == ["config.optimizer.lr"]
     assert "logger" not in json.dumps(old["config"]).replace('"logger": {}', "")
 
 
-IDENTITIES = ("import json; from pipeline.orchestration.spec import load_workflow; "
-              "from pipeline.orchestration.stages import stage_specs; "
+IDENTITIES = ("import json; from pipeline.orchestration.workflow_config import load_workflow; "
+              "from pipeline.orchestration.stage_config import stage_specs; "
               "wf = load_workflow(['+workflow=tiny', 'workflow.root=/nonexistent/wf']); "
               "specs = stage_specs(wf, check_shapes=False); "
               "print(json.dumps({n: [s.identity, s.code_version] for n, s in specs.items()}))")
@@ -158,8 +159,9 @@ def test_external_inputs_count_by_content_not_by_path(tmp_path):
     glue = tmp_path / "glue" / "SST-2"
     shutil.copytree(REPO_ROOT / "pipeline" / "finetuning" / "sample_data" / "SST-2", glue)
     args = (f"workflow.env.GLUE_DIR={glue.parent}",)
-    vocab_of = lambda path: ("workflow.stages.prep_phase1.overrides=['preset=sample','dupe_factor=1','num_shards=2',"
-                             f"'vocab.file={path}']")
+    def vocab_of(path):
+        return ("workflow.stages.prep_phase1.overrides=['preset=sample','dupe_factor=1','num_shards=2',"
+                f"'vocab.file={path}']")
     base = _identities(tmp_path, vocab_of(vocab), *args)
 
     moved = tmp_path / "b" / "vocab.txt"

@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.orchestration.spec import load_workflow
-from pipeline.orchestration.stages import stage_specs
+from pipeline.orchestration.stage_config import stage_specs
+from pipeline.orchestration.workflow_config import load_workflow
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from pipeline.orchestration import launch
-from pipeline.orchestration.spec import load_workflow
-from pipeline.orchestration.stages import stage_specs
+from pipeline.orchestration.stage_config import stage_specs
+from pipeline.orchestration.workflow_config import load_workflow
 
 SECRET = "wandb-key-0123456789abcdef"
 

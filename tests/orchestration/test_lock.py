@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.orchestration.launch import job_name_prefix
 from pipeline.orchestration.lock import LaunchLock
-from pipeline.orchestration.spec import WorkflowError, load_workflow
+from pipeline.orchestration.workflow_config import WorkflowError, load_workflow
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.finetuning.tasks import get_task
-from pipeline.orchestration.spec import WorkflowError, available_workflows, load_workflow
-from pipeline.orchestration.stages import compose_stage, environment, stage_specs
+from pipeline.orchestration.stage_config import compose_stage, environment, stage_specs
+from pipeline.orchestration.workflow_config import WorkflowError, available_workflows, load_workflow
 
 
 def _task_files(workflow, with_train: bool = True) -> None:

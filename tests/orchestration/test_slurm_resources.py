@@ -15,9 +15,9 @@ import yaml
 
 from pipeline.orchestration import slurm
 from pipeline.orchestration.slurm import megabytes, minutes, requeue_contract, rule_resources, sbatch_line
-from pipeline.orchestration.spec import WorkflowError, load_workflow
+from pipeline.orchestration.workflow_config import WorkflowError, load_workflow
 
-PROFILE = Path(__file__).resolve().parents[2] / "infra" / "slurm" / "snakemake" / "config.yaml"   # the executor's
+PROFILE = Path(__file__).resolve().parents[2] / "pipeline" / "orchestration" / "profiles" / "slurm" / "config.yaml"
 pytest.importorskip("snakemake_executor_plugin_slurm.submit_string")
 from snakemake_executor_plugin_slurm.validation import validate_slurm_extra  # noqa: E402
 
@@ -61,7 +61,7 @@ def test_data_prep_asks_for_its_cpus_and_memory(tmp_path):
 
 def test_qos_constraint_reservation_and_partition_pass_through(tmp_path):
     _, line = _line(tmp_path, "finetune_rte", "workflow.slurm.qos=high", "workflow.slurm.constraint=a100",
-                    "workflow.slurm.reservation=maintenance", "workflow.downstream.resources.partition=short",
+                    "workflow.slurm.reservation=maintenance", "workflow.downstream.resources.slurm_partition=short",
                     "workflow.downstream.resources.qos=low")
     for option in ("--qos=low", "-C a100", "--reservation=maintenance", "-p short"):
         assert option in line, (option, line)

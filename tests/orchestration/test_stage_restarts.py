@@ -13,9 +13,9 @@ import pytest
 from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
 from pipeline.orchestration.launch import write_launch
-from pipeline.orchestration.spec import Stage, load_workflow
-from pipeline.orchestration.stage import LOG_NAME, run_stage
-from pipeline.orchestration.stages import stage_specs
+from pipeline.orchestration.stage_config import stage_specs
+from pipeline.orchestration.stage_runner import LOG_NAME, run_stage
+from pipeline.orchestration.workflow_config import Stage, load_workflow
 
 PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=6','scheduler.warmup_steps=2',"
           "'data.global_batch_size=4','data.micro_batch_size=4','data.num_workers=0',"

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from pipeline import workflow as workflow_entry
-from pipeline.orchestration.spec import Stage, WorkflowError, load_workflow
-from pipeline.orchestration.stages import compose_stage, entry_argv, operational_overrides
+from pipeline.orchestration.stage_config import compose_stage, entry_argv, operational_overrides
+from pipeline.orchestration.workflow_config import Stage, WorkflowError, load_workflow
 
 
 def _error_of(capsys, *argv: str) -> str:
@@ -113,7 +113,7 @@ def test_a_relative_root_is_taken_from_the_working_directory_once(tmp_path, monk
 def test_the_snakefile_passes_snakemake_lint(tmp_path):
     from pipeline.core.app import REPO_ROOT
     from pipeline.orchestration.launch import snakemake, write_launch
-    from pipeline.orchestration.stages import stage_specs
+    from pipeline.orchestration.stage_config import stage_specs
 
     workflow = load_workflow(["+workflow=tiny", f"workflow.root={tmp_path / 'wf'}"])
     argv, env = snakemake(write_launch(workflow, stage_specs(workflow, check_shapes=False), REPO_ROOT, tmp_path),

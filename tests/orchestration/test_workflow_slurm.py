@@ -208,8 +208,8 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     from pipeline.orchestration.launch import job_name_prefix, write_launch
     from pipeline.orchestration.lock import LaunchLock
     from pipeline.orchestration.slurm import rule_resources, sbatch_line
-    from pipeline.orchestration.spec import load_workflow
-    from pipeline.orchestration.stages import stage_specs
+    from pipeline.orchestration.stage_config import stage_specs
+    from pipeline.orchestration.workflow_config import load_workflow
 
     wf = Workflow(copy_checkout(tmp_path / "checkout"), tmp_path / "wf", {"SLURM_CONF": str(slurm_cluster.conf)})
     # a stage job of this root from an earlier controller (as the executor names it), still running
@@ -244,5 +244,5 @@ def test_the_controller_stops_its_stage_jobs_while_it_waits_and_a_gone_one_block
     assert Controller(config).requeue() == 1
 
     # mem "0": all of a node's memory (the test node's RealMemory), which the executor cannot send as --mem=0
-    resources = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem": "0", "time": "00:10:00"}
+    resources = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "mem": "0", "runtime": 10}
     assert "--mem 16000" in sbatch_line(rule_resources(resources, "train", {}))

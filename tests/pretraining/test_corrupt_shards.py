@@ -5,12 +5,12 @@ import shutil
 
 import pytest
 
+from pipeline.core.app import compose
+from pipeline.pretraining.data.epoch_plan import Piece
 from pipeline.pretraining.data.rows import RowGroupReader, ShardReadError
 from pipeline.pretraining.data.shard_set import ShardSet
-from pipeline.pretraining.data.epoch_plan import Piece
 from pipeline.pretraining.data.verify import main as verify_main
 from pipeline.pretraining.data.verify import verify_shard_set
-from pipeline.core.app import compose
 from pipeline.pretraining.run import train
 
 
@@ -54,7 +54,8 @@ def test_a_read_failure_names_the_shard_the_row_group_and_the_remedy(corrupt_set
     reader = RowGroupReader(shard_set)
     group = next(i for i in range(len(shard_set.row_groups))
                  if shard_set.shards[int(shard_set.row_groups.file[i])].path == str(shard))
-    with pytest.raises(ShardReadError, match=rf"row group 0 of shard {shard}.*python -m pipeline.pretraining.data.verify"):
+    with pytest.raises(ShardReadError,
+                       match=rf"row group 0 of shard {shard}.*python -m pipeline.pretraining.data.verify"):
         reader.read_piece(Piece(group, 0, int(shard_set.row_groups.rows[group])))
     with pytest.raises(ShardReadError, match=rf"cannot read row group 0 of shard {shard}.*re-run data_prep"):
         train(compose("train", tiny_overrides(copy, tmp_path / "out", 4, "data.verify_checksums=false")))

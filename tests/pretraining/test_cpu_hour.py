@@ -1,7 +1,7 @@
-"""+experiment=cpu_hour, the CPU recipe of benchmarks/bench_cpu_recipe.py: its hour is cut as the downstream curve
-needs it (a checkpoint every quarter, ten held-out validations), it passes pre-training's pre-flight on one CPU, and
-it trains from the shards of its own data-prep preset with held-out validation and quarter checkpoints (scaled down
-to a few steps)."""
+"""+experiment=cpu_hour, the CPU recipe of studies/pretraining_pays/bench_cpu_recipe.py: its hour is cut as the
+downstream curve needs it (a checkpoint every quarter, ten held-out validations), it passes pre-training's pre-flight
+on one CPU, and it trains from the shards of its own data-prep preset with held-out validation and quarter
+checkpoints (scaled down to a few steps)."""
 from __future__ import annotations
 
 import csv

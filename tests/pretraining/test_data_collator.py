@@ -10,9 +10,8 @@ from model.bert import IGNORE_INDEX
 from pipeline.pretraining.data.collator import PretrainingCollator, dynamic_masking_seeds
 from pipeline.pretraining.data.epoch_plan import Piece
 from pipeline.pretraining.data.rows import RowGroupReader
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
 from pipeline.pretraining.data.shard_set import ShardSet
-
+from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
 
 
 def books_set(tmp_path_factory, shared_data, masking):

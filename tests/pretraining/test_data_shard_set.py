@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
 from pipeline.pretraining.data.shard_set import ShardSet
+from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
 
 
 @pytest.fixture(scope="session")

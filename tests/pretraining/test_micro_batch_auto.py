@@ -215,7 +215,7 @@ class InjectedPeaks:
     def __init__(self, peaks: dict[int, float]):
         self.peaks, self.sizes = peaks, []
 
-    def install(self, monkeypatch) -> "InjectedPeaks":
+    def install(self, monkeypatch) -> InjectedPeaks:
         outer = self
 
         class Probe(micro_batch.PassProbe):

@@ -93,7 +93,8 @@ def test_bert_large_dry_run_on_the_cpu_phase_1_then_phase_2(small_shards, phase2
     assert done.returncode == 0, done.stderr[-4000:]
     assert "step 4:" in done.stdout and (phase1 / "checkpoints" / "last.ckpt").is_file()
     done = dry_run("bert_large_phase2", f"data.path={phase2_shards}", f"hydra.run.dir={phase2}",
-                   f"init_from_checkpoint={phase1 / 'checkpoints' / 'last.ckpt'}", "callbacks.checkpoint.every_n_train_steps=0",
-                   "callbacks.checkpoint.save_last=false", "export.plot=false")
+                   f"init_from_checkpoint={phase1 / 'checkpoints' / 'last.ckpt'}",
+                   "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
+                   "export.plot=false")
     assert done.returncode == 0, done.stderr[-4000:]
     assert "step 4:" in done.stdout and (phase2 / "hf_export" / "model.safetensors").is_file()

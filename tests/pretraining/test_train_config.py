@@ -8,13 +8,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pipeline.core.optim import build_optimizer, build_scheduler, lr_factor, param_groups
-from pipeline.core.app import TRAINING_CONFIGS as CONFIG_DIR
 from pipeline.core.app import REPO_ROOT, compose
+from pipeline.core.app import TRAINING_CONFIGS as CONFIG_DIR
 from pipeline.core.devices import batch_split
+from pipeline.core.optim import build_optimizer, build_scheduler, lr_factor, param_groups
 from pipeline.pretraining.checks import check_strategy_and_optimizer, model_config_of
 
-EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("bert_*.yaml"))   # the GPU recipes (cpu_hour: test_cpu_hour.py)
+# the GPU recipes (cpu_hour: test_cpu_hour.py)
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("bert_*.yaml"))
 DEBUG_PRESETS = sorted(p.stem for p in (CONFIG_DIR / "debug").glob("*.yaml"))
 GROUP_OPTIONS = [(group, p.stem) for group in ("model", "data", "trainer", "optimizer", "scheduler", "logger",
                                                "callbacks", "strategy")

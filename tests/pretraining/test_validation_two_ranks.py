@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

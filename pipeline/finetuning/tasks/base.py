@@ -30,7 +30,8 @@ class Task:
     test_splits: tuple[str, ...]
     layouts: tuple[FileLayout, ...]            # the task's file formats, tried in order on the first line
     file_labels: tuple[str, ...] | None = None  # the labels as files and the leaderboard write them, in id order
-    metric_set: str = "acc"                    # which metrics() computes: see pipeline.finetuning.tasks.metrics.METRIC_SETS
+    # which metrics() computes: see pipeline.finetuning.tasks.metrics.METRIC_SETS
+    metric_set: str = "acc"
     submission_files: dict[str, str] = dataclasses.field(default_factory=dict)  # test split -> leaderboard file
     other_file_names: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # e.g. CoLA's raw release
     hub: HubLayout | None = None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import array
 import csv
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 # Some MNLI/QQP rows are long; csv's default limit (128 KiB per field) is not a property of the data.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))

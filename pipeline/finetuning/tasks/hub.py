@@ -26,7 +26,8 @@ def looks_like_hub_directory(directory: Path, config: str) -> bool:
 
 
 def read_hub(task: TaskFormat, split: str, path: str, cache_dir: str | None) -> datasets.Dataset:
-    """``load_dataset(path, name=<config>, split=<hub split>)``, then the columns of :mod:`pipeline.finetuning.tasks.schema`."""
+    """``load_dataset(path, name=<config>, split=<hub split>)``, then the columns of
+    :mod:`pipeline.finetuning.tasks.schema`."""
     layout = task.hub
     config, hub_split = layout.splits[split]
     where = f"{task.name} {split}: {path} (config {config!r}, split {hub_split!r})"

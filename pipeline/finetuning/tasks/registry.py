@@ -122,7 +122,8 @@ SWAG = Task(
 TASKS: dict[str, Task] = {task.name: task for task in (COLA, SST2, MRPC, STSB, QQP, MNLI, QNLI, RTE, WNLI, SWAG)}
 
 # Tasks with their own reader, features and evaluation (read / featurize / evaluate methods) rather than a
-# pipeline.finetuning.tasks.base.Task: SQuAD v1.1's spans, CoNLL-2003's entities. Kept apart from TASKS, the GLUE/SWAG set.
+# pipeline.finetuning.tasks.base.Task: SQuAD v1.1's spans, CoNLL-2003's entities. Kept apart from TASKS, the
+# GLUE/SWAG set.
 SPAN_TOKEN_TASKS: dict[str, object] = {task.name: task for task in (SQUAD_V1, CONLL2003)}
 
 ALL_TASKS: dict[str, object] = {**TASKS, **SPAN_TOKEN_TASKS}

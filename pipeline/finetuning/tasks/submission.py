@@ -5,8 +5,8 @@ text for MNLI, AX, QNLI and RTE, 0/1 for the other classification tasks, and STS
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pipeline.finetuning.tasks.base import Task
 

@@ -102,7 +102,7 @@ class PretrainingCollator:
         self.unpad = unpad   # adds "token_index" to padded batches (see the module docstring)
 
     @classmethod
-    def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> "PretrainingCollator":
+    def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> PretrainingCollator:
         return cls(max_seq_length=shard_set.max_seq_length, max_predictions_per_seq=shard_set.max_predictions_per_seq,
                    pad_id=shard_set.special_tokens.pad, masking=shard_set.masking,
                    masking_config=shard_set.masking_config, masking_vocab=shard_set.masking_vocab,

@@ -25,7 +25,7 @@ class PackedBatch:
         self.layout = layout
 
     @classmethod
-    def pack(cls, arrays: dict[str, np.ndarray]) -> "PackedBatch":
+    def pack(cls, arrays: dict[str, np.ndarray]) -> PackedBatch:
         data = bytearray(8 * sum(array.size for array in arrays.values()))
         flat = np.frombuffer(data, dtype=np.int64)
         offset = 0
@@ -47,7 +47,7 @@ class PackedBatch:
             offset += size
         return fields
 
-    def pin_memory(self, device: str | torch.device | None = None) -> "PackedBatch":
+    def pin_memory(self, device: str | torch.device | None = None) -> PackedBatch:
         """Called by the DataLoader's pin-memory thread."""
         flat = self.data
         if not isinstance(flat, torch.Tensor):

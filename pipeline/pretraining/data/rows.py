@@ -42,7 +42,7 @@ class Rows:
         """True when the rows carry their masking (and token_values are the masked ids)."""
         return self.masked_positions is not None
 
-    def take(self, indices: np.ndarray) -> "Rows":
+    def take(self, indices: np.ndarray) -> Rows:
         """These rows, in this order; shares the flat value arrays."""
         masked = self.is_masked
         return Rows(self.token_values, self.token_starts[indices], self.num_tokens[indices],
@@ -50,7 +50,7 @@ class Rows:
                     self.masked_positions, self.masked_ids,
                     self.masked_starts[indices] if masked else None, self.num_masked[indices] if masked else None)
 
-    def compact(self) -> "Rows":
+    def compact(self) -> Rows:
         """A copy holding only these rows' values (for the few rows carried from one run to the next)."""
         values, starts = _gather_lists(self.token_values, self.token_starts, self.num_tokens)
         rows = dataclasses.replace(self, token_values=values, token_starts=starts)
@@ -97,7 +97,8 @@ def _read_error(shard_set: ShardSet, file_index: int, group_index: int, error: E
     return ShardReadError(
         f"cannot read row group {group_index} of shard {shard_set.shards[file_index].path} (shard set "
         f"{shard_set.path}): {type(error).__name__}: {error}. The file is corrupt or was changed after data_prep "
-        f"wrote it. Check the whole set against its manifest with `python -m pipeline.pretraining.data.verify {shard_set.path}` "
+        "wrote it. Check the whole set against its manifest with "
+        f"`python -m pipeline.pretraining.data.verify {shard_set.path}` "
         "(training does this at start-up unless data.verify_checksums=false), then restore the file from a copy "
         "or re-run data_prep for this set.")
 

@@ -121,7 +121,7 @@ class ShardSet:
     @classmethod
     def open(cls, path: str | os.PathLike, *, max_seq_length: int, vocab_size: int,
              verify_checksums: bool | str = False, verification_record: str | os.PathLike | None = None
-             ) -> "ShardSet":
+             ) -> ShardSet:
         """Open the set at `path` for a model of `vocab_size` tokens trained on sequences of `max_seq_length`.
 
         Raises FileNotFoundError for a missing set or shard, ValueError for a set that does not fit.

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.atomic_files import write_atomically
+from pipeline.core.file_stamp import file_stamp
 
 RECORD_NAME = "verified_shards.json"
 MODES = {True: "changed", False: None, "full": "full"}   # data.verify_checksums: what a start hashes
@@ -103,9 +104,7 @@ def _stat(shard_dir: str, name: str) -> dict[str, int] | None:
     filesystem; None when it cannot be read."""
     try:
         if "://" not in shard_dir:
-            stat = os.stat(os.path.join(shard_dir, name))
-            return {"size": stat.st_size, "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns,
-                    "ctime_ns": stat.st_ctime_ns}
+            return file_stamp(os.path.join(shard_dir, name))
         from apache_beam.io.filesystems import FileSystems
 
         metadata = FileSystems.match([f"{shard_dir.rstrip('/')}/{name}"])[0].metadata_list[0]

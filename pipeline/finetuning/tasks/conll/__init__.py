@@ -10,7 +10,15 @@ document context), conlleval-compatible entity scores via seqeval, and the ``con
 from pipeline.finetuning.tasks.conll.evaluate import conll_text, evaluate, predict_tags
 from pipeline.finetuning.tasks.conll.features import IGNORE_INDEX, context_sizes, ner_features, ner_report, word_pieces
 from pipeline.finetuning.tasks.conll.metrics import entity_metrics
-from pipeline.finetuning.tasks.conll.reader import ENTITY_TYPES, LABELS, SCHEMES, ConllFile, parse_conll, read_conll, to_iob2
+from pipeline.finetuning.tasks.conll.reader import (
+           ENTITY_TYPES,
+           LABELS,
+           SCHEMES,
+           ConllFile,
+           parse_conll,
+           read_conll,
+           to_iob2,
+)
 from pipeline.finetuning.tasks.conll.task import CONLL2003, ConllTask
 
 __all__ = ["CONLL2003", "ENTITY_TYPES", "IGNORE_INDEX", "LABELS", "SCHEMES", "ConllFile", "ConllTask", "conll_text",

@@ -10,7 +10,7 @@ predicted tags are written as the model gave them (conlleval and seqeval read an
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import datasets
 import numpy as np

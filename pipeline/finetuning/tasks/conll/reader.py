@@ -37,8 +37,8 @@ import dataclasses
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import datasets
 
@@ -171,7 +171,7 @@ def to_iob2(tags: list[str]) -> list[str]:
     return out
 
 
-def _generate(parsed: "_Holder") -> Iterator[dict]:
+def _generate(parsed: _Holder) -> Iterator[dict]:
     yield from parsed.file.rows()
 
 

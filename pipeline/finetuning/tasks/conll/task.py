@@ -1,7 +1,7 @@
 """The CoNLL-2003 named-entity task as the fine-tuning stage uses it (``get_task("conll2003")``).
 
-Its own small class rather than :class:`pipeline.finetuning.tasks.base.Task` (whose reading and scoring are GLUE's), with the
-same descriptive attributes and the methods the fine-tuning code calls for per-token tasks: ``read``,
+Its own small class rather than :class:`pipeline.finetuning.tasks.base.Task` (whose reading and scoring are GLUE's),
+with the same descriptive attributes and the methods the fine-tuning code calls for per-token tasks: ``read``,
 ``featurize``, ``evaluate``.
 
 Splits: train (eng.train), dev (eng.testa), test (eng.testb), or train.txt / valid.txt / test.txt in the IOB2
@@ -15,8 +15,9 @@ Settings (``conf/training/task/conll2003.yaml`` plus ``max_seq_length``): ``docu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import datasets
 import numpy as np
@@ -82,8 +83,8 @@ class ConllTask:
 
     def featurize(self, rows: datasets.Dataset, tokenizer, settings: dict[str, Any],
                   training: bool = False) -> tuple[datasets.Dataset, dict[str, Any]]:
-        """Features as :func:`pipeline.finetuning.tasks.conll.features.ner_features` (the same for training and evaluation);
-        settings: ``max_seq_length`` (default 128), ``document_context`` (default False)."""
+        """Features as :func:`pipeline.finetuning.tasks.conll.features.ner_features` (the same for training and
+        evaluation); settings: ``max_seq_length`` (default 128), ``document_context`` (default False)."""
         from pipeline.finetuning.tasks.conll.features import ner_features
 
         return ner_features(rows, tokenizer, self.label_names, max_seq_length=int(settings.get("max_seq_length", 128)),

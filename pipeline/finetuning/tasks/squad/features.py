@@ -110,7 +110,7 @@ def _list_array(values: np.ndarray, lengths: list[int], value_type: pa.DataType)
     return pa.ListArray.from_arrays(row_offsets, flat)
 
 
-def _feature_batch(rows: dict[str, list], indices: list[int], tokenizer: "LoadedTokenizer", max_seq_length: int,
+def _feature_batch(rows: dict[str, list], indices: list[int], tokenizer: LoadedTokenizer, max_seq_length: int,
                    doc_stride: int, max_query_length: int) -> pa.Table:
     """A batch of questions -> its features, as an Arrow table built from flat numpy arrays (no per-token Python
     objects)."""
@@ -184,7 +184,7 @@ def _settings(max_seq_length: int, doc_stride: int, max_query_length: int) -> tu
     return max_seq_length, doc_stride, max_query_length
 
 
-def squad_features(examples: datasets.Dataset, tokenizer: "LoadedTokenizer", max_seq_length: int = 384,
+def squad_features(examples: datasets.Dataset, tokenizer: LoadedTokenizer, max_seq_length: int = 384,
                    doc_stride: int = 128, max_query_length: int = 64, training: bool = False
                    ) -> tuple[datasets.Dataset, dict[str, Any]]:
     """(features, report) for SQuAD examples (the columns of pipeline.finetuning.tasks.squad.reader).

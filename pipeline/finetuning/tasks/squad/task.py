@@ -1,6 +1,6 @@
 """The SQuAD v1.1 task as the fine-tuning stage drives it: read a split, featurize it, evaluate the model's
-per-token start/end logits. Not a pipeline.finetuning.tasks.base.Task (that describes GLUE-style sequence tasks), but with the
-same descriptive attributes."""
+per-token start/end logits. Not a pipeline.finetuning.tasks.base.Task (that describes GLUE-style sequence tasks), but
+with the same descriptive attributes."""
 from __future__ import annotations
 
 import dataclasses
@@ -69,7 +69,7 @@ class SquadTask:
 
     # -- features and evaluation ----------------------------------------------------------------------------------
 
-    def featurize(self, examples: datasets.Dataset, tokenizer: "LoadedTokenizer", settings: dict[str, Any],
+    def featurize(self, examples: datasets.Dataset, tokenizer: LoadedTokenizer, settings: dict[str, Any],
                   training: bool) -> tuple[datasets.Dataset, dict[str, Any]]:
         """squad_features with settings max_seq_length, doc_stride, max_query_length (defaults: the paper's)."""
         s = {**DEFAULT_SETTINGS, **{k: v for k, v in settings.items() if v is not None}}
