@@ -94,6 +94,32 @@ class EvaluationTexts:
                 "imdb_test_reviews": len(self.imdb_test)}
 
 
+class _FirstCheck:
+    """The first protocol's check as build_corpora applies it: a document that holds an evaluation text goes whole."""
+
+    def __init__(self, shared_data: Path, quick: bool):
+        self.evaluation = EvaluationTexts(shared_data, quick)
+
+    def __call__(self, corpus: str, paragraphs: tuple[str, ...]) -> tuple[tuple[str, ...], list[str]]:
+        reason = self.evaluation.found_in("\n\n".join(paragraphs))
+        return ((), [reason]) if reason else (paragraphs, [])
+
+    def describe(self) -> dict:
+        return self.evaluation.describe()
+
+
+def _count_removal(stats: Counter, dropped: list[dict], identity: str, paragraphs, kept, reasons: list) -> None:
+    stats["dropped_contaminated" if not kept else "documents_cut"] += 1
+    if isinstance(reasons[0], str):   # the first protocol's check: one reason, the document dropped (its record)
+        dropped.append({"document": identity, "contains": reasons[0]})
+        return
+    stats["paragraphs_removed"] += len(paragraphs) - len(kept)
+    stats["words_removed"] += len(words("\n\n".join(paragraphs))) - len(words("\n\n".join(kept)))
+    for reason in reasons:
+        stats[f"matches_{reason['rule']}_{reason['eval_set']}"] += 1
+    dropped.append({"document": identity, "kept_paragraphs": len(kept), "of": len(paragraphs), "matches": reasons})
+
+
 def general_documents(corpora: Path, stats: Counter, quick: bool) -> Iterator[tuple[str, tuple[str, ...]]]:
     """(identity, paragraphs): WikiExtractor's articles, the MediaWiki sample's not already among them (by title),
     the Gutenberg books."""
@@ -139,8 +165,11 @@ def domain_documents(corpora: Path, stats: Counter, quick: bool) -> Iterator[tup
             yield f"imdb:{digest}", text_paragraphs(text)
 
 
-def build_corpora(shared_data: Path, out: Path, quick: bool = False) -> dict[str, Path]:
-    """Both corpora as JSONL under out/corpora/<name>/{train,heldout}/, made once (a DONE file with the counts)."""
+def build_corpora(shared_data: Path, out: Path, quick: bool = False, check=None) -> dict[str, Path]:
+    """Both corpora as JSONL under out/corpora/<name>/{train,heldout}/, made once (a DONE file with the counts).
+    check(shared_data, quick) makes the decontamination: a callable (corpus, paragraphs) -> (the paragraphs kept,
+    why the others went) with describe(); the first protocol's by default, study_decontamination.SecondCheck for
+    the second."""
     corpora = shared_data / "corpora"
     evaluation = None
     made = {}
@@ -149,7 +178,7 @@ def build_corpora(shared_data: Path, out: Path, quick: bool = False) -> dict[str
         made[name] = root
         if (root / "DONE").exists():
             continue
-        evaluation = evaluation or EvaluationTexts(shared_data, quick)
+        evaluation = evaluation or (check(shared_data, quick) if check else _FirstCheck(shared_data, quick))
         shutil.rmtree(root, ignore_errors=True)
         stats: Counter = Counter()
         dropped: list[dict] = []
@@ -157,12 +186,12 @@ def build_corpora(shared_data: Path, out: Path, quick: bool = False) -> dict[str
                  for side in ("train", "heldout")}
         try:
             for identity, paragraphs in documents(corpora, stats, quick):
-                text = "\n\n".join(paragraphs)
-                reason = evaluation.found_in(text)
-                if reason is not None:
-                    stats["dropped_contaminated"] += 1
-                    dropped.append({"document": identity, "contains": reason})
+                kept, reasons = evaluation(name, paragraphs)
+                if reasons:
+                    _count_removal(stats, dropped, identity, paragraphs, kept, reasons)
+                if not kept:
                     continue
+                text = "\n\n".join(kept)
                 side = "heldout" if is_held_out(identity) else "train"
                 stats[f"{side}_documents"] += 1
                 stats[f"{side}_words"] += len(words(text))

@@ -53,14 +53,17 @@ def _vocab_size(train: Path) -> int:
     return int(json.loads((train / "manifest.json").read_text())["tokenizer"]["vocab_size"])
 
 
-def _overrides(out: Path, corpus: str, recipe: dict) -> list[str]:
+def _overrides(out: Path, corpus: str, recipe: dict, seed: int = 1) -> list[str]:
+    """A recipe's run: its keys, and "batch" (default BATCH) where the second protocol's plateau tries change it."""
+    batch = recipe.get("batch", BATCH)
     train, heldout = shard_sets(out, corpus, recipe["vocab"], recipe["seq"], recipe["objective"])
     predictions = json.loads((train / "manifest.json").read_text())["parameters"]["max_predictions_per_seq"]
     return ["+experiment=cpu_hour", f"model={recipe['model']}", f"model.vocab_size={_vocab_size(train)}",
             f"optimizer.lr={recipe['lr']}", f"data.path={train}", f"validation.path={heldout}",
             f"data.max_seq_length={recipe['seq']}", f"data.max_predictions_per_seq={predictions}",
-            f"data.global_batch_size={BATCH}", f"data.micro_batch_size={BATCH}", "data.verify_checksums=false",
-            "seed=1", "logger=csv", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+            f"data.global_batch_size={batch}", f"data.micro_batch_size={batch}",
+            "data.verify_checksums=false", f"seed={seed}", "logger=csv", "trainer.enable_progress_bar=false",
+            "trainer.enable_model_summary=false"]
 
 
 def _train(run_dir: Path, overrides: list[str], in_process: bool = False) -> None:
@@ -119,20 +122,24 @@ def budget_steps(out: Path, recipe: dict, minutes: float) -> int:
     return VALIDATIONS * max(1, round(minutes * per_minute / VALIDATIONS))   # ten validations, evenly spaced
 
 
-def train_for(out: Path, corpus: str, recipe: dict, run_dir: Path, steps: int, checkpoints: bool) -> dict:
-    """A run of `steps` on the corpus (resumed from its newest checkpoint where it has one); its final figures."""
+def train_for(out: Path, corpus: str, recipe: dict, run_dir: Path, steps: int, checkpoints: bool, seed: int = 1,
+              extra: tuple[str, ...] = (), validations: int = VALIDATIONS) -> dict:
+    """A run of `steps` on the corpus (resumed from its newest checkpoint where it has one); its final figures.
+    `extra` overrides come last (the second protocol's plateau tries: a schedule longer than the run, an
+    initialiser)."""
     done = run_dir / "DONE"
     if not done.exists():
         started = time.monotonic()
-        every = steps // VALIDATIONS
-        _train(run_dir, [*_overrides(out, corpus, recipe), f"trainer.max_steps={steps}", "ckpt_path=auto",
+        every = steps // validations
+        _train(run_dir, [*_overrides(out, corpus, recipe, seed), f"trainer.max_steps={steps}", "ckpt_path=auto",
                          f"validation.every_n_steps={every}",
                          f"validation.max_batches={2 if is_quick(out) else VALIDATION_BATCHES}",
                          f"trainer.log_every_n_steps={min(every, 50)}",
                          "callbacks.checkpoint.every_n_train_steps="
-                         f"{max(1, every // CHECKPOINTS_PER_VALIDATION) if checkpoints else 0}"], is_quick(out))
+                         f"{max(1, every // CHECKPOINTS_PER_VALIDATION) if checkpoints else 0}", *extra], is_quick(out))
         final = [r for r in metrics_rows(run_dir) if r.get("val/mlm_acc")][-1]
         done.write_text(json.dumps({"corpus": corpus, "recipe": recipe, "steps": steps,
+                                    **({"seed": seed, "overrides": list(extra)} if seed != 1 or extra else {}),
                                     "heldout_mlm_acc": float(final["val/mlm_acc"]),
                                     "wall_s_last_sitting": round(time.monotonic() - started, 1)}, indent=1))
     return json.loads(done.read_text())

@@ -30,11 +30,18 @@ KEPT = ("calibration.json", "corpora/*/stats.json", "search/*/choice.json", str(
         "finetune/*/*/*/seed*.json", "finetune/*/zeroshot/*.json", "finetune/*/rates/*.json",
         "finetune/*/rates/*/*.json")
 FINISHED_RUN_FILES = ("DONE", "csv/metrics.csv", "hf_export/*")
+# The second protocol (evidence_protocol.md, section 6): the same, in record/evidence/, and lighter: weights only for
+# the arms an endpoint compares (pretrain/*: the replication's runs and the remedy arm); the plateau tries keep their
+# DONE and curve, the random encoders nothing (made again from their seeds).
+EVIDENCE_RECORD = RECORD / "evidence"
+EVIDENCE_KEPT = ("corpora/*/stats.json", "sensitivity/*.json", "sensitivity/finetune/*/*/*/seed*.json",
+                 "finetune/*/*/*/seed*.json", "finetune/*/rates/*.json", "finetune/*/rates/*/*.json",
+                 "plateau/choice.json", "plateau/*/*/DONE", "plateau/*/*/csv/metrics.csv")
 
 
-def _finished(out: Path) -> list[Path]:
+def _finished(out: Path, kept: tuple[str, ...] = KEPT) -> list[Path]:
     """Relative paths of every file of <out> the record keeps."""
-    files = [path for pattern in KEPT for path in out.glob(pattern)]
+    files = [path for pattern in kept for path in out.glob(pattern)]
     for run in [*out.glob("pretrain/*"), *out.glob("search/*/*")]:
         if (run / "DONE").is_file():
             files += [run / "DONE"] if run.parent.parent.name == "search" else [
@@ -50,10 +57,10 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copyfileobj(original, copy)
 
 
-def keep(out: Path, record: Path = RECORD) -> list[Path]:
+def keep(out: Path, record: Path = RECORD, kept: tuple[str, ...] = KEPT) -> list[Path]:
     """Copies the finished results of <out> that the record lacks or holds in another version; returns them."""
     copied = []
-    for relative in _finished(out):
+    for relative in _finished(out, kept):
         source, target = out / relative, record / relative
         if target.is_file() and target.read_bytes() == source.read_bytes():
             continue

@@ -5,6 +5,7 @@ seeds, and the paired difference of two arms over the seeds both have, with its 
     summary([0.61, 0.64, ...])                      -> {"n", "mean", "sd"}
     paired({seed: value}, {seed: value})            -> {"n", "seeds", "differences", "mean", "sd", "low", "high"}
     verdict(pair, needed=5)                         -> "met" | "not met" | "undecided: ..."
+    two_level({run: {seed: difference}})            -> the second protocol's interval over pre-training runs
 """
 from __future__ import annotations
 
@@ -62,3 +63,46 @@ def verdict(pair: dict, needed: int) -> str:
     if pair["low"] is None:
         return "undecided: no interval (a value is not a number)"
     return "met" if pair["low"] > 0 else "not met"
+
+
+BOOTSTRAP_DRAWS, BOOTSTRAP_SEED = 10_000, 0
+
+
+def two_level(differences: Mapping[int, Mapping[int, float]]) -> dict:
+    """The second protocol's statistics (evidence_protocol.md, section 3) of paired differences d(run, seed), the
+    fine-tuning seeds nested in the pre-training runs: the mean of the runs' means with the 95% t-interval over those
+    means (P - 1 degrees of freedom: the runs are the independent units, each mean carrying its seeds' noise); the
+    between-run sd of the means and the within-run sd (root mean of the runs' variances); and a hierarchical bootstrap
+    (runs resampled, then seeds within each) as a secondary interval."""
+    import numpy as np
+
+    runs = sorted(differences)
+    values = {run: [differences[run][seed] for seed in sorted(differences[run])] for run in runs}
+    means = [statistics.fmean(values[run]) for run in runs if values[run]]
+    found = {"runs": runs, "seeds": {run: sorted(differences[run]) for run in runs}, "run_means": means,
+             **summary(means), "low": None, "high": None, "within_sd": None, "bootstrap_low": None,
+             "bootstrap_high": None}
+    interval = t_interval(means)
+    if interval is None:
+        return found
+    found["low"], found["high"] = interval[1], interval[2]
+    variances = [statistics.variance(v) for v in values.values() if len(v) > 1]
+    found["within_sd"] = math.sqrt(statistics.fmean(variances)) if variances else None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    arrays = [np.asarray(values[run]) for run in runs]
+    draws = np.empty(BOOTSTRAP_DRAWS)
+    for k in range(BOOTSTRAP_DRAWS):
+        picked = rng.integers(len(arrays), size=len(arrays))
+        draws[k] = np.mean([rng.choice(arrays[i], size=len(arrays[i])).mean() for i in picked])
+    found["bootstrap_low"], found["bootstrap_high"] = (float(q) for q in np.percentile(draws, [2.5, 97.5]))
+    return found
+
+
+def two_level_verdict(found: dict, runs: int, seeds: int) -> str:
+    """Met when the primary interval lies above 0, over all `runs` runs of `seeds` seeds each."""
+    complete = len(found["run_means"]) == runs and all(len(s) == seeds for s in found["seeds"].values())
+    if not complete:
+        return f"undecided: {len(found['run_means'])} of {runs} runs, seeds {found['seeds']}"
+    if found["low"] is None:
+        return "undecided: no interval (a value is not a number)"
+    return "met" if found["low"] > 0 else "not met"
