@@ -53,8 +53,12 @@ def stage_sensitivity(out: Path, shared_data: Path) -> None:
           f"re-runs differing from the record: {summary['reruns_differing_from_record']}", flush=True)
 
 
-def run_stage(stage: str, out: Path, shared_data: Path, args: argparse.Namespace) -> None:
+def run_stage(stage: str, out: Path, shared_data: Path, args: argparse.Namespace, record: Path | None) -> None:
     from study_evidence import PRETRAINING_SEEDS, plateau, replicate
+
+    def finished() -> None:   # each finished run and pairing into the record at once, not at the stage's end
+        if record is not None:
+            print(f"record: {len(keep(out, record, EVIDENCE_KEPT))} file(s) kept in {record}", flush=True)
 
     if stage in ("replicate", "plateau"):
         stage_corpora(out, shared_data)   # made once; a sitting on a fresh machine makes them again
@@ -63,11 +67,20 @@ def run_stage(stage: str, out: Path, shared_data: Path, args: argparse.Namespace
     elif stage == "sensitivity":
         stage_sensitivity(out, shared_data)
     elif stage == "replicate":
-        replicate(out, shared_data, tuple(args.runs or PRETRAINING_SEEDS))
+        from study_baseline import run_baseline
+        from study_evidence import finetune_seeds
+
+        # the bag of words on the same subsets, reported beside (c'): seconds, so first
+        run_baseline(shared_data, out, seeds=[seed for run in PRETRAINING_SEEDS for seed in finetune_seeds(run)])
+        replicate(out, shared_data, tuple(args.runs or PRETRAINING_SEEDS), finished)
     elif stage == "plateau":
-        plateau(out, shared_data)
+        plateau(out, shared_data, finished)
     else:
-        sys.exit("report: not built yet")
+        from study_evidence_report import build_evidence_report
+
+        report = build_evidence_report(out, RECORD)
+        print(report.read_text(), flush=True)
+        print(f"report: {report}", flush=True)
 
 
 def main() -> int:
@@ -84,7 +97,8 @@ def main() -> int:
     shared_data = shared_path(args, "corpora").parent
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    lock = hold_the_study(out)  # noqa: F841  (kept for the process's lifetime)
+    # The report only reads: it may run beside a stage (e.g. while a replication run trains), and keeps nothing.
+    lock = None if args.stage == "report" else hold_the_study(out)  # noqa: F841  (held for the process's lifetime)
     default_out = out == (REPO_ROOT / "outputs" / "evidence").resolve()
     record = args.record or (EVIDENCE_RECORD if default_out else None)
     if record is not None:
@@ -92,9 +106,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda number, _: sys.exit(f"stopped by signal {number}"))
     try:
         print(f"== {args.stage}", flush=True)
-        run_stage(args.stage, out, shared_data, args)
+        run_stage(args.stage, out, shared_data, args, record if lock is not None else None)
     finally:
-        if record is not None:
+        if record is not None and lock is not None:
             print(f"record: {len(keep(out, record, EVIDENCE_KEPT))} file(s) kept in {record}", flush=True)
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks_common import metrics_rows
@@ -52,14 +53,18 @@ def replication_pairing(out: Path, run: int) -> Pairing:
                    f"replication, pre-training seed {run} (evidence_protocol.md, section 3)")
 
 
-def replicate(out: Path, shared_data: Path, runs: tuple[int, ...] = PRETRAINING_SEEDS) -> None:
+def replicate(out: Path, shared_data: Path, runs: tuple[int, ...] = PRETRAINING_SEEDS,
+              finished: Callable[[], None] = lambda: None) -> None:
+    """Each run trained, then fine-tuned; `finished()` after each (the driver keeps the record)."""
     for run in runs:
         name = f"domain_120_p{run}"
         done = train_for(out, "domain", DOMAIN_RECIPE, out / "pretrain" / name, DOMAIN_STEPS, checkpoints=True,
                          seed=run)
         print(f"{name}: {DOMAIN_STEPS} steps, held-out MLM accuracy {done['heldout_mlm_acc']:.4f}, plateau exit at "
               f"step {exit_step(metrics_rows(out / 'pretrain' / name))}", flush=True)
+        finished()
         run_pairing(replication_pairing(out, run), shared_data, out)
+        finished()
 
 
 def exit_step(rows: list[dict]) -> int | None:
@@ -118,11 +123,12 @@ def remedy_pairing(out: Path) -> Pairing:
                    "the plateau's remedy arm (evidence_protocol.md, section 4)")
 
 
-def plateau(out: Path, shared_data: Path) -> None:
+def plateau(out: Path, shared_data: Path, finished: Callable[[], None] = lambda: None) -> None:
     choice_file = out / "plateau" / "choice.json"
     if not choice_file.is_file():
         choice = choose_remedy(run_tries(out))
         choice_file.write_text(json.dumps(choice, indent=1))
+        finished()
     choice = json.loads(choice_file.read_text())
     print(f"plateau: the remedy is {choice['chosen']} ({choice['tries']})", flush=True)
     if choice["chosen"] is None:
@@ -134,4 +140,5 @@ def plateau(out: Path, shared_data: Path) -> None:
     done = train_for(out, "general", recipe, run_dir, steps, checkpoints=True, seed=REMEDY_SEED, extra=overrides)
     print(f"general_120_remedy: {steps} steps, held-out MLM accuracy {done['heldout_mlm_acc']:.4f}, plateau exit at "
           f"step {exit_step(metrics_rows(run_dir))}", flush=True)
+    finished()
     run_pairing(remedy_pairing(out), shared_data, out)

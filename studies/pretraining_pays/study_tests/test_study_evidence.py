@@ -133,3 +133,23 @@ def test_a_pairing_fine_tunes_each_cell_once_both_arms_of_a_seed_together(shared
     assert "torch seed 102" in record["init"] and record["metrics"]["acc"] == 0.52
     run_pairing(pairing, shared_data, tmp_path / "out", quick=True)
     assert len(made) == 4                                                   # done: nothing again
+
+
+def test_the_report_shows_what_is_finished_and_the_verdict_over_runs(tmp_path):
+    from study_evidence_report import build_evidence_report
+    from study_record import RECORD
+    from study_results import result_path, write_json
+
+    out = tmp_path / "evidence"
+    empty = build_evidence_report(out, RECORD).read_text()
+    assert "| domain | second | not built |" in empty and "Not run yet." in empty
+    assert "| domain_120_p1 | not finished |" in empty and "(a') SST-2 at 1,000 labels | not run |" in empty
+    for run, base in ((1, 0.05), (2, 0.03), (3, 0.07)):
+        for k, seed in enumerate(range(5 * run - 4, 5 * run + 1)):
+            for arm, value in ((f"domain_120_p{run}", 0.7 + base + k / 1000), (f"random_domain_p{run}", 0.7)):
+                write_json(result_path(out, arm, "sst2", 1000, seed), {"arm": arm, "task": "sst2", "budget": "1000",
+                                                                      "seed": seed, "metrics": {"acc": value}})
+    text = build_evidence_report(out, RECORD).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| (a') SST-2"))
+    assert "+0.0520, +0.0320, +0.0720" in row and row.endswith("| met |")
+    assert next(line for line in text.splitlines() if line.startswith("| (c') IMDB")).endswith("| undecided |")
