@@ -171,7 +171,7 @@ def hold_the_study(out: Path):
         sys.exit(f"{out} is in use by {holder}: one stage of the study at a time; wait for it or stop it")
     handle.seek(0)
     handle.truncate()
-    handle.write(f"pid {os.getpid()} (bench_downstream.py {' '.join(sys.argv[1:])})\n")
+    handle.write(f"pid {os.getpid()} ({Path(sys.argv[0]).name} {' '.join(sys.argv[1:])})\n")
     handle.flush()
     return handle   # held open, and so locked, until this process ends
 

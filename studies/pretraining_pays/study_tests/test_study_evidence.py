@@ -153,3 +153,17 @@ def test_the_report_shows_what_is_finished_and_the_verdict_over_runs(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| (a') SST-2"))
     assert "+0.0520, +0.0320, +0.0720" in row and row.endswith("| met |")
     assert next(line for line in text.splitlines() if line.startswith("| (c') IMDB")).endswith("| undecided |")
+
+
+def test_the_report_stage_runs_as_a_user_runs_it_beside_a_running_stage(study_script, shared_data, tmp_path):
+    import fcntl
+
+    with open(tmp_path / ".running", "w", encoding="utf-8") as held:   # a replication stage holds the folder
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = study_script("bench_evidence.py", "report", "--shared-data", str(shared_data), "--out", str(tmp_path),
+                            timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert "## 3. Replication of `domain_120`" in (tmp_path / "report.md").read_text()
+        refused = study_script("bench_evidence.py", "corpora", "--shared-data", str(shared_data), "--out",
+                               str(tmp_path), timeout=300)
+        assert refused.returncode == 1 and "one stage of the study at a time" in refused.stderr
