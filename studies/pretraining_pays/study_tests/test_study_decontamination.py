@@ -86,3 +86,12 @@ def test_the_audits_known_cases_on_the_real_data(audit):
     assert scored["first_corpus"]["by_rule"]["exact"] == 49
     assert scored["first_corpus"]["reviews"] == 57
     assert scored["pool"]["reviews"] == 91
+
+
+def test_the_sensitivity_scores_a_runs_predictions_without_the_left_out_rows(tmp_path):
+    from study_sensitivity import accuracy
+
+    predictions = tmp_path / "dev.tsv"
+    predictions.write_text("idx\tprediction\tlabel\n0\t1\t1\n1\t0\t1\n2\t1\t1\n3\t0\t0\n")
+    assert accuracy(predictions, set()) == (0.75, 4)
+    assert accuracy(predictions, {1}) == (1.0, 3)
