@@ -12,21 +12,16 @@ fine-tunes with seed 0 (its random encoder: random_seed(0)). Results go where st
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from pathlib import Path
 
 from study_data import SELECTION_BUDGET, SELECTION_SEED, StudyData
 from study_results import finetune_root, rate_choice_path, rate_try_path, read_done, result_path, write_json
-from study_tasks import QUICK_RATE, SELECTION_METRIC, epochs_for, random_export, run_finetune
+from study_tasks import QUICK_RATE, SELECTION_METRIC, epochs_for, finite_or_low, random_export, run_finetune
 
 START = (1e-4, 3e-4, 1e-3)
 LADDER = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
-CELL_METRIC = {"sst2": "acc", "imdb": "acc", "stsb": "pearson", "cola": "mcc"}
-
-
-def _finite_or_low(value: float) -> float:
-    return value if math.isfinite(value) else -math.inf
+CELL_METRIC = SELECTION_METRIC   # a cell is scored by the metric its rate is chosen on
 
 
 def choose_on_ladder(score: Callable[[float], float]) -> tuple[float, dict[float, float]]:
@@ -35,7 +30,7 @@ def choose_on_ladder(score: Callable[[float], float]) -> tuple[float, dict[float
     scores = {rate: score(rate) for rate in START}
     while True:
         tried = sorted(scores)
-        chosen = max(tried, key=lambda rate: _finite_or_low(scores[rate]))   # the first of equals: the lowest
+        chosen = max(tried, key=lambda rate: finite_or_low(scores[rate]))   # the first of equals: the lowest
         step = LADDER.index(chosen)
         if chosen == tried[-1] and step + 1 < len(LADDER):
             scores[LADDER[step + 1]] = score(LADDER[step + 1])

@@ -30,7 +30,7 @@ ARMS = ("domain_120", "random_domain")
 SEEDS = (1, 2, 3, 4, 5)
 
 
-def scored_reviews(shared_data: Path, data: StudyData) -> list[str]:
+def scored_reviews(data: StudyData) -> list[str]:
     """The scored IMDB test reviews, in the order of the scored file (row k of it is position k here)."""
     texts, _ = data.texts(data.split("imdb", 1000, SEEDS[0]).eval, "imdb")
     return texts
@@ -40,7 +40,7 @@ def scored_overlaps(shared_data: Path, first_record: Path, data: StudyData) -> d
     """Positions (in the scored file) of the reviews matching a document of the first domain corpus, and of the pool."""
     dropped = {item["document"] for item in
                json.loads((first_record / "corpora" / "domain" / "stats.json").read_text())["dropped"]}
-    texts = EvaluationIndex({"imdb_test": scored_reviews(shared_data, data)})
+    texts = EvaluationIndex({"imdb_test": scored_reviews(data)})
     in_corpus: dict[str, set[int]] = {"exact": set(), "near": set(), "contained": set()}
     in_pool: dict[str, set[int]] = {"exact": set(), "near": set(), "contained": set()}
     documents = Counter()

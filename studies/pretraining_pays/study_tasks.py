@@ -181,7 +181,7 @@ class ArmRun:
             files = self.data.selection(task)
             scores = {f"{lr:g}": self._rate_try(task, files, lr) for lr in RATE_GRID}
             # a NaN (constant predictions: no correlation) never wins; of equal scores, the lowest rate
-            chosen = max(RATE_GRID, key=lambda lr: _finite_or_low(scores[f"{lr:g}"]))
+            chosen = max(RATE_GRID, key=lambda lr: finite_or_low(scores[f"{lr:g}"]))
             record.update(grid=list(RATE_GRID), scores=scores, chosen=chosen, seed=SELECTION_SEED,
                           train_rows=files.train_rows, eval_rows=files.eval_rows, eval_set=files.eval_name)
         write_json(path, record)
@@ -260,7 +260,7 @@ class ArmRun:
               flush=True)
 
 
-def _finite_or_low(value: float) -> float:
+def finite_or_low(value: float) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
