@@ -57,7 +57,7 @@ from pathlib import Path
 
 from benchmarks_common import REPO_ROOT, checkout_env, metrics_rows
 from study_corpora import BEAM_ARGS
-from study_data import HEADERS, SUFFIX, SplitFiles, _file_rows
+from study_data import HEADERS, SUFFIX, SplitFiles, file_rows
 from study_tasks import random_export, run_finetune
 
 # Pre-training (the protocol's)
@@ -166,7 +166,7 @@ def pretrain(shards: Path, work: Path, minutes: float, rehearse: bool) -> dict:
 def task_files(glue: Path, task: str, work: Path, rehearse: bool) -> SplitFiles:
     """The task's full training file and its scored file; rehearsing, copies of their first REHEARSAL_ROWS rows."""
     paths = [glue / name for name in GLUE_FILES[task]]
-    rows = [_file_rows(path, HEADERS[task]) for path in paths]
+    rows = [file_rows(path, HEADERS[task]) for path in paths]
     if rehearse:
         header = [HEADERS[task]] if HEADERS[task] else []
         rows = [side[:REHEARSAL_ROWS] for side in rows]

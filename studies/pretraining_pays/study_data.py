@@ -181,10 +181,11 @@ class StudyData:
 @functools.cache
 def _source_rows(path: Path, task: str) -> list[str]:
     """Read once per process: every arm draws from the same files."""
-    return _imdb_rows(path) if task == "imdb" else _file_rows(path, HEADERS[task])
+    return _imdb_rows(path) if task == "imdb" else file_rows(path, HEADERS[task])
 
 
-def _file_rows(path: Path, header: str | None) -> list[str]:
+def file_rows(path: Path, header: str | None) -> list[str]:
+    """A GLUE-style file's rows, its header checked and dropped (public: gpu_general_text.py reads whole files)."""
     # newline="": lines end where pandas' reader ends them (\n, \r\n or \r); blank lines are skipped as it skips them
     with open(path, encoding="utf-8", newline="") as handle:
         lines = [line.rstrip("\r\n") for line in handle]
