@@ -1,7 +1,8 @@
 """The sensitivity of the first study's endpoint (c) to the test reviews its pre-training text held
 (evidence_protocol.md, section 2). Not an endpoint.
 
-    overlaps = scored_overlaps(shared_data, first_record)   which of the 5,000 scored IMDB test reviews match the first
+    overlaps = scored_overlaps(shared_data, first_record, data)
+                                                            which of the 5,000 scored IMDB test reviews match the first
                                                             domain corpus (and the domain pool), by rule
     run_sensitivity(shared_data, out, first_record)         domain_120 and random_domain fine-tuned again on IMDB at
                                                             1,000 labels, seeds 1-5, scored on the 5,000 and on the
