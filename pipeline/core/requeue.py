@@ -17,10 +17,12 @@ and does this instead:
    checkpoints/last.ckpt at the same point of the same step, outside any signal handler; once Lightning has logged
    that step, and once every rank ignores the SIGTERM that a requeue makes SLURM send, rank 0 marks the W&B run
    preempted and finishes it, then runs `scontrol requeue <job>` (its return code checked), while the other ranks
-   wait for the outcome (so that none exits, and srun's --kill-on-bad-exit stops rank 0, before the requeue). The
-   fit then stops on every rank with `RequeueRequested`, and the processes exit with REQUEUED_EXIT_CODE
-   (pipeline/pretraining/run.py, pipeline/train.py). The job's next start resumes from the newest complete
-   checkpoint (train.sbatch passes ckpt_path=auto), into the same W&B run.
+   wait for the outcome (so that none exits, and srun's --kill-on-bad-exit stops rank 0, before the requeue). That
+   SIGTERM also kills the ranks' loader workers, whose deaths torch's SIGCHLD handler would raise in the ranks: they
+   no longer watch them (no batch is fetched after the save). The fit then stops on every rank with
+   `RequeueRequested`, and the processes exit with REQUEUED_EXIT_CODE (pipeline/pretraining/run.py,
+   pipeline/train.py). The job's next start resumes from the newest complete checkpoint (train.sbatch passes
+   ckpt_path=auto), into the same W&B run.
 
 The order of step 2 is forced: the requeue makes SLURM send SIGTERM to every process of the job at once, W&B's
 service among them, which then loses whatever it has not written yet (an offline run's file kept none of the steps
@@ -148,11 +150,16 @@ class RequeueOnSignal(Checkpoint):
         # The requeue makes SLURM send SIGTERM to every process at once. This one stops by itself now: without this,
         # Lightning's SIGTERM handler would start a broadcast on the training group from wherever it interrupts
         # (rank 0 in `scontrol`, the others waiting for its outcome) and wait there until SLURM's SIGKILL.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        # ... until it exits: the fit's teardown would restore the handler of before the fit (the default, which dies)
+        # Its loader workers die of that SIGTERM (torch's worker handler exits quietly only when the signal comes from
+        # the worker's parent), and torch's SIGCHLD handler would raise "DataLoader worker ... is killed by signal" in
+        # this process wherever it is (waiting for rank 0's outcome, shutting the loaders down): the rank would exit 1,
+        # not REQUEUED_EXIT_CODE. No batch is fetched after this point, so that check has nothing left to guard.
+        # Both hold until the process exits: the fit's teardown would restore the handlers of before the fit.
         originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
-        if isinstance(originals, dict):
-            originals[signal.SIGTERM] = signal.SIG_IGN
+        for signum, handler in ((signal.SIGTERM, signal.SIG_IGN), (signal.SIGCHLD, signal.SIG_DFL)):
+            signal.signal(signum, handler)
+            if isinstance(originals, dict):
+                originals[signum] = handler
         if _distributed():
             # Every rank ignores SIGTERM before rank 0 requeues: a rank still waiting for its next batch would take it
             # in Lightning's handler and hang there until SLURM's SIGKILL (KillWait later), its exit status lost.
