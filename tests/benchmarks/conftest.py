@@ -1,27 +1,19 @@
 """The benchmark scripts as users run them: `python benchmarks/<script>.py ...` from the repository root."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.common_fixtures import REPO_ROOT
+from tests.helpers.scripts import script_runner
+
 BENCHMARKS = REPO_ROOT / "benchmarks"
-
-
-def run_script(script: str, *args: str, timeout: float = 1800, **env: str) -> subprocess.CompletedProcess:
-    """A benchmark script as a separate program (this checkout's code: PYTHONPATH is the repository)."""
-    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=REPO_ROOT,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def benchmark_script():
-    return run_script
+    return script_runner(BENCHMARKS)
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,15 @@ its modules as they import each other (by name, the study's folder on the path),
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.common_fixtures import one_torch_thread, shared_data  # noqa: F401  (fixtures)
+from tests.helpers.scripts import script_runner
 
 STUDY = Path(__file__).resolve().parents[1]
-REPO_ROOT = STUDY.parents[1]
 
 # Two cores shared with other work: few threads everywhere, subprocesses included.
 os.environ.setdefault("OMP_NUM_THREADS", "2")          # .ci/run sets 1 (tests/conftest.py says why)
@@ -21,16 +20,9 @@ os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
 
-def run_script(script: str, *args: str, timeout: float = 1800, **env: str) -> subprocess.CompletedProcess:
-    """A study script as a separate program (this checkout's code: PYTHONPATH is the repository)."""
-    return subprocess.run([sys.executable, str(STUDY / script), *args], cwd=REPO_ROOT,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="session")
 def study_script():
-    return run_script
+    return script_runner(STUDY)
 
 
 @pytest.fixture(scope="session")
