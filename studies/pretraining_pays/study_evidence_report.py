@@ -91,11 +91,7 @@ def replication(out: Path, results: dict) -> list[str]:
     lines += ["", "| endpoint | runs' mean gains | gain [95% t over runs] | between / within sd | bootstrap | "
               "verdict |", "|---|---|---|---|---|---|"]
     for (task, budget), label in ENDPOINTS.items():
-        differences = {}
-        for run in PRETRAINING_SEEDS:
-            pair = _pair(results, f"domain_120_p{run}", f"random_domain_p{run}", task, budget)
-            if pair["n"]:
-                differences[run] = dict(zip(pair["seeds"], pair["differences"]))
+        differences = _run_differences(results, lambda run: f"random_domain_p{run}", task, budget)
         if not differences:
             lines.append(f"| {label} | not run | | | | undecided |")
             continue
@@ -111,7 +107,24 @@ def replication(out: Path, results: dict) -> list[str]:
         accuracies = [record["metrics"]["acc"] for record in bag.values()]
         lines.append(f"\nThe bag of words on the same IMDB subsets ({len(accuracies)} seeds): mean accuracy "
                      f"{sum(accuracies) / len(accuracies):.4f}.")
+        # Beside (c'), not an endpoint: the pre-trained arm against the bag of words, with the same statistics.
+        against_bag = _run_differences(results, lambda run: "bag_of_words", "imdb", "1000")
+        if against_bag:
+            found = two_level(against_bag)
+            lines.append(f"`domain_120_p*` minus the bag of words, paired on those subsets (not an endpoint): "
+                         f"{_interval(found['mean'], found['low'], found['high'])} over "
+                         f"{len(found['run_means'])} runs.")
     return lines
+
+
+def _run_differences(results: dict, control_of_run, task: str, budget: str) -> dict[int, dict[int, float]]:
+    """d(run, seed): `domain_120_p<run>` minus its control's score, for the runs with any paired seed."""
+    differences = {}
+    for run in PRETRAINING_SEEDS:
+        pair = _pair(results, f"domain_120_p{run}", control_of_run(run), task, budget)
+        if pair["n"]:
+            differences[run] = dict(zip(pair["seeds"], pair["differences"]))
+    return differences
 
 
 def _rate(results: dict, arm: str, task: str) -> str:

@@ -153,6 +153,15 @@ def test_the_report_shows_what_is_finished_and_the_verdict_over_runs(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| (a') SST-2"))
     assert "+0.0520, +0.0320, +0.0720" in row and row.endswith("| met |")
     assert next(line for line in text.splitlines() if line.startswith("| (c') IMDB")).endswith("| undecided |")
+    # Beside (c'): the pre-trained arm minus the bag of words on the same subsets, over the runs
+    for run in (1, 2, 3):
+        for seed in range(5 * run - 4, 5 * run + 1):
+            for arm, value in ((f"domain_120_p{run}", 0.75 + run / 100), ("bag_of_words", 0.76)):
+                write_json(result_path(out, arm, "imdb", 1000, seed), {"arm": arm, "task": "imdb", "budget": "1000",
+                                                                      "seed": seed, "metrics": {"acc": value}})
+    text = build_evidence_report(out, RECORD).read_text()
+    assert "The bag of words on the same IMDB subsets (15 seeds): mean accuracy 0.7600." in text
+    assert "minus the bag of words, paired on those subsets (not an endpoint): +0.0100 [" in text
 
 
 def test_the_report_stage_runs_as_a_user_runs_it_beside_a_running_stage(study_script, shared_data, tmp_path):
