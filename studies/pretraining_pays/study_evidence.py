@@ -84,8 +84,9 @@ def _schedule(change: dict) -> tuple[dict, int, int]:
     return recipe, round(GENERAL_STEPS / scale), TRY_STEPS // scale
 
 
-def run_tries(out: Path) -> dict[str, list[dict]]:
-    """Every try at both seeds (each a run of its own, skipped once DONE); their DONE records with the exit added."""
+def run_tries(out: Path, finished: Callable[[], None] = lambda: None) -> dict[str, list[dict]]:
+    """Every try at both seeds (each a run of its own, skipped once DONE); their DONE records with the exit added.
+    `finished()` after each, so that a sitting which loses its machine keeps the tries it finished."""
     found: dict[str, list[dict]] = {}
     for name, (change, overrides) in PLATEAU_TRIES.items():
         recipe, arm_steps, steps = _schedule(change)
@@ -99,6 +100,7 @@ def run_tries(out: Path) -> dict[str, list[dict]]:
                                                "exit_examples_of_32": None if step is None else step * scale})
             print(f"plateau {name} seed {seed}: exit {step}, held-out MLM accuracy {done['heldout_mlm_acc']:.4f}",
                   flush=True)
+            finished()
     return found
 
 
@@ -126,7 +128,7 @@ def remedy_pairing(out: Path) -> Pairing:
 def plateau(out: Path, shared_data: Path, finished: Callable[[], None] = lambda: None) -> None:
     choice_file = out / "plateau" / "choice.json"
     if not choice_file.is_file():
-        choice = choose_remedy(run_tries(out))
+        choice = choose_remedy(run_tries(out, finished))
         choice_file.write_text(json.dumps(choice, indent=1))
         finished()
     choice = json.loads(choice_file.read_text())

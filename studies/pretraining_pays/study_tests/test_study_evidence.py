@@ -176,3 +176,16 @@ def test_the_report_stage_runs_as_a_user_runs_it_beside_a_running_stage(study_sc
         refused = study_script("bench_evidence.py", "corpora", "--shared-data", str(shared_data), "--out",
                                str(tmp_path), timeout=300)
         assert refused.returncode == 1 and "one stage of the study at a time" in refused.stderr
+
+
+def test_each_finished_try_is_kept_at_once(tmp_path, monkeypatch):
+    """A sitting that loses its machine after some tries keeps those tries: finished() runs after each one."""
+    import study_evidence
+
+    trained, kept = [], []
+    monkeypatch.setattr(study_evidence, "train_for", lambda out, corpus, recipe, run_dir, steps, **kw: trained.append(
+        run_dir) or {"heldout_mlm_acc": 0.14})
+    monkeypatch.setattr(study_evidence, "metrics_rows", lambda run_dir: [])
+    tries = study_evidence.run_tries(tmp_path, lambda: kept.append(len(trained)))
+    assert kept == list(range(1, 13)) and len(trained) == 12
+    assert tries["base"][0] == {"heldout_mlm_acc": 0.14, "exit_step": None, "exit_examples_of_32": None}
