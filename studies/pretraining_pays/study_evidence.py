@@ -4,6 +4,7 @@ pre-training seeds, the plateau tries, their selection rule and the remedy arm.
     replicate(out, shared_data, runs)     domain_120_p<p> trained (resumable), fine-tuned against random_domain_p<p>
     plateau(out, shared_data)             the 12 tries, the choice (plateau/choice.json), the remedy arm and its pairing
     exit_step(rows)                       the step a run left the plateau (None: it did not)
+    highest_window(rows)                  how near it came to the threshold (descriptive)
     choose_remedy(tries)                  section 4's rule applied to the tries' DONE records
 """
 from __future__ import annotations
@@ -75,6 +76,14 @@ def exit_step(rows: list[dict]) -> int | None:
         if statistics.fmean(acc for _, acc in logged[k - EXIT_WINDOW + 1:k + 1]) > EXIT_ACCURACY:
             return logged[k][0]
     return None
+
+
+def highest_window(rows: list[dict]) -> float | None:
+    """The highest mean of EXIT_WINDOW consecutive logged training MLM accuracies: how near a run that did not exit
+    came to the threshold (descriptive; the rule reads exit_step only)."""
+    logged = [float(row["train/mlm_acc"]) for row in rows if row.get("train/mlm_acc")]
+    means = [statistics.fmean(logged[k - EXIT_WINDOW + 1:k + 1]) for k in range(EXIT_WINDOW - 1, len(logged))]
+    return max(means, default=None)
 
 
 def _schedule(change: dict) -> tuple[dict, int, int]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from benchmarks_common import metrics_rows
-from study_evidence import PLATEAU_TRIES, PRETRAINING_SEEDS, REMEDY_FINETUNE_SEEDS, TRY_SEEDS, exit_step
+from study_evidence import PLATEAU_TRIES, PRETRAINING_SEEDS, REMEDY_FINETUNE_SEEDS, TRY_SEEDS, exit_step, highest_window
 from study_pairing import CELL_METRIC
 from study_results import collect
 from study_stats import paired, two_level, two_level_verdict, verdict
@@ -142,16 +142,18 @@ def _pair(results: dict, treated: str, control: str, task: str, budget: str) -> 
 
 def plateau(out: Path, results: dict) -> list[str]:
     lines = ["", "## 4. The plateau", "",
-             "| try | change | exit, seed 1 / 2 (step) | held-out MLM accuracy, seed 1 / 2 |", "|---|---|---|---|"]
+             "| try | change | exit, seed 1 / 2 (step) | highest window of training MLM accuracy, seed 1 / 2 | "
+             "held-out MLM accuracy, seed 1 / 2 |", "|---|---|---|---|---|"]
     for name, (change, overrides) in PLATEAU_TRIES.items():
-        exits, accuracies = [], []
+        exits, windows, accuracies = [], [], []
         for seed in TRY_SEEDS:
             run_dir = out / "plateau" / name / f"seed{seed}"
             done = _json(run_dir / "DONE")
             exits.append("—" if done is None else str(exit_step(metrics_rows(run_dir))))
+            windows.append("—" if done is None else f"{highest_window(metrics_rows(run_dir)):.4f}")
             accuracies.append("—" if done is None else f"{done['heldout_mlm_acc']:.4f}")
         shown = ", ".join([*(f"{k}={v}" for k, v in change.items()), *overrides]) or "none"
-        lines.append(f"| {name} | {shown} | {' / '.join(exits)} | {' / '.join(accuracies)} |")
+        lines.append(f"| {name} | {shown} | {' / '.join(exits)} | {' / '.join(windows)} | {' / '.join(accuracies)} |")
     choice = _json(out / "plateau" / "choice.json")
     lines.append("\nChosen: " + ("not yet (the tries are not finished)" if choice is None else str(choice["chosen"])))
     lines += ["", "| endpoint of `general_120_remedy` against `random_general` | gain [95% CI] | verdict |",

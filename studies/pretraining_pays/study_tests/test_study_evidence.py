@@ -58,6 +58,13 @@ def test_the_plateau_exit_is_the_first_window_past_the_threshold():
     assert exit_step(_rows([0.14, 0.14, 0.15, 0.17, 0.18, 0.19, 0.2])) == 300        # mean(.15,.17,.18,.19) > .16
 
 
+def test_the_highest_window_says_how_near_a_run_came_to_the_exit():
+    from study_evidence import highest_window
+
+    assert highest_window(_rows([0.14, 0.15, 0.2, 0.14, 0.14])) == pytest.approx(0.1575)   # (.14+.15+.2+.14)/4
+    assert highest_window(_rows([0.14, 0.15])) is None                                    # fewer than a window
+
+
 def _try(exit_step, accuracy, scale=1):
     return {"exit_step": exit_step, "exit_examples_of_32": None if exit_step is None else exit_step * scale,
             "heldout_mlm_acc": accuracy}
@@ -162,6 +169,15 @@ def test_the_report_shows_what_is_finished_and_the_verdict_over_runs(tmp_path):
     text = build_evidence_report(out, RECORD).read_text()
     assert "The bag of words on the same IMDB subsets (15 seeds): mean accuracy 0.7600." in text
     assert "minus the bag of words, paired on those subsets (not an endpoint): +0.0100 [" in text
+    # Section 4: a finished try shows its exit, how near it came and its held-out score; an unfinished one dashes
+    run_dir = out / "plateau" / "lr1e-3" / "seed1"
+    (run_dir / "csv").mkdir(parents=True)
+    (run_dir / "DONE").write_text(json.dumps({"heldout_mlm_acc": 0.1412}))
+    (run_dir / "csv" / "metrics.csv").write_text("step,train/mlm_acc\n" + "".join(
+        f"{50 * k + 49},{acc}\n" for k, acc in enumerate([0.14, 0.15, 0.2, 0.14, 0.14])))
+    text = build_evidence_report(out, RECORD).read_text()
+    assert "| lr1e-3 | lr=0.001 | None / — | 0.1575 / — | 0.1412 / — |" in text
+    assert "Chosen: not yet (the tries are not finished)" in text
 
 
 def test_the_report_stage_runs_as_a_user_runs_it_beside_a_running_stage(study_script, shared_data, tmp_path):
