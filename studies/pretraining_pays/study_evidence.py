@@ -68,22 +68,24 @@ def replicate(out: Path, shared_data: Path, runs: tuple[int, ...] = PRETRAINING_
         finished()
 
 
+def _window_means(rows: list[dict]) -> list[tuple[int, float]]:
+    """(logged step, the mean of the last EXIT_WINDOW logged training MLM accuracies up to it), from the window's
+    first full step on."""
+    logged = [(int(row["step"]), float(row["train/mlm_acc"])) for row in rows if row.get("train/mlm_acc")]
+    return [(logged[k][0], statistics.fmean(acc for _, acc in logged[k - EXIT_WINDOW + 1:k + 1]))
+            for k in range(EXIT_WINDOW - 1, len(logged))]
+
+
 def exit_step(rows: list[dict]) -> int | None:
     """The first logged step at which the mean of the last EXIT_WINDOW logged training MLM accuracies passes
     EXIT_ACCURACY (section 4)."""
-    logged = [(int(row["step"]), float(row["train/mlm_acc"])) for row in rows if row.get("train/mlm_acc")]
-    for k in range(EXIT_WINDOW - 1, len(logged)):
-        if statistics.fmean(acc for _, acc in logged[k - EXIT_WINDOW + 1:k + 1]) > EXIT_ACCURACY:
-            return logged[k][0]
-    return None
+    return next((step for step, mean in _window_means(rows) if mean > EXIT_ACCURACY), None)
 
 
 def highest_window(rows: list[dict]) -> float | None:
-    """The highest mean of EXIT_WINDOW consecutive logged training MLM accuracies: how near a run that did not exit
-    came to the threshold (descriptive; the rule reads exit_step only)."""
-    logged = [float(row["train/mlm_acc"]) for row in rows if row.get("train/mlm_acc")]
-    means = [statistics.fmean(logged[k - EXIT_WINDOW + 1:k + 1]) for k in range(EXIT_WINDOW - 1, len(logged))]
-    return max(means, default=None)
+    """The highest of those means: how near a run that did not exit came to the threshold (descriptive; the rule
+    reads exit_step only)."""
+    return max((mean for _, mean in _window_means(rows)), default=None)
 
 
 def _schedule(change: dict) -> tuple[dict, int, int]:

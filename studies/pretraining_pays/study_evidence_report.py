@@ -149,8 +149,9 @@ def plateau(out: Path, results: dict) -> list[str]:
         for seed in TRY_SEEDS:
             run_dir = out / "plateau" / name / f"seed{seed}"
             done = _json(run_dir / "DONE")
-            exits.append("—" if done is None else str(exit_step(metrics_rows(run_dir))))
-            windows.append("—" if done is None else f"{highest_window(metrics_rows(run_dir)):.4f}")
+            rows = [] if done is None else metrics_rows(run_dir)
+            exits.append("—" if done is None else str(exit_step(rows)))
+            windows.append("—" if done is None else f"{highest_window(rows):.4f}")
             accuracies.append("—" if done is None else f"{done['heldout_mlm_acc']:.4f}")
         shown = ", ".join([*(f"{k}={v}" for k, v in change.items()), *overrides]) or "none"
         lines.append(f"| {name} | {shown} | {' / '.join(exits)} | {' / '.join(windows)} | {' / '.join(accuracies)} |")
