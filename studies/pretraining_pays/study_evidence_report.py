@@ -156,6 +156,9 @@ def plateau(out: Path, results: dict) -> list[str]:
         shown = ", ".join([*(f"{k}={v}" for k, v in change.items()), *overrides]) or "none"
         lines.append(f"| {name} | {shown} | {' / '.join(exits)} | {' / '.join(windows)} | {' / '.join(accuracies)} |")
     choice = _json(out / "plateau" / "choice.json")
+    if choice is not None and choice["chosen"] is None:   # the protocol's outcome, not a gap: say so, no empty table
+        return lines + ["\nChosen: none. No try left the plateau at both seeds, so by section 4's rule the remedy arm "
+                        "(`general_120_remedy`) is not run and its endpoints are not measured."]
     lines.append("\nChosen: " + ("not yet (the tries are not finished)" if choice is None else str(choice["chosen"])))
     lines += ["", "| endpoint of `general_120_remedy` against `random_general` | gain [95% CI] | verdict |",
               "|---|---|---|"]

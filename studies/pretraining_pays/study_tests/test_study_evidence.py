@@ -178,6 +178,10 @@ def test_the_report_shows_what_is_finished_and_the_verdict_over_runs(tmp_path):
     text = build_evidence_report(out, RECORD).read_text()
     assert "| lr1e-3 | lr=0.001 | None / — | 0.1575 / — | 0.1412 / — |" in text
     assert "Chosen: not yet (the tries are not finished)" in text
+    # No try chosen is the rule's outcome: reported as such, with no remedy endpoints to wait for
+    (out / "plateau" / "choice.json").write_text(json.dumps({"chosen": None, "tries": {}}))
+    text = build_evidence_report(out, RECORD).read_text()
+    assert "Chosen: none. No try left the plateau at both seeds" in text and "general_120_remedy` against" not in text
 
 
 def test_the_report_stage_runs_as_a_user_runs_it_beside_a_running_stage(study_script, shared_data, tmp_path):
