@@ -136,6 +136,10 @@ def remedy_pairing(out: Path) -> Pairing:
                    "the plateau's remedy arm (evidence_protocol.md, section 4)")
 
 
+NO_REMEDY = ("No try left the plateau at both seeds, so by section 4's rule the remedy arm (`general_120_remedy`) is "
+             "not run and its endpoints are not measured.")
+
+
 def plateau(out: Path, shared_data: Path, finished: Callable[[], None] = lambda: None) -> None:
     choice_file = out / "plateau" / "choice.json"
     if not choice_file.is_file():
@@ -145,7 +149,7 @@ def plateau(out: Path, shared_data: Path, finished: Callable[[], None] = lambda:
     choice = json.loads(choice_file.read_text())
     print(f"plateau: the remedy is {choice['chosen']} ({choice['tries']})", flush=True)
     if choice["chosen"] is None:
-        print("plateau: no try left the plateau in both seeds; the remedy arm is not run (section 4)", flush=True)
+        print(f"plateau: {NO_REMEDY}", flush=True)
         return
     change, overrides = PLATEAU_TRIES[choice["chosen"]]
     recipe, steps, _ = _schedule(change)

@@ -9,7 +9,15 @@ import json
 from pathlib import Path
 
 from benchmarks_common import metrics_rows
-from study_evidence import PLATEAU_TRIES, PRETRAINING_SEEDS, REMEDY_FINETUNE_SEEDS, TRY_SEEDS, exit_step, highest_window
+from study_evidence import (
+    NO_REMEDY,
+    PLATEAU_TRIES,
+    PRETRAINING_SEEDS,
+    REMEDY_FINETUNE_SEEDS,
+    TRY_SEEDS,
+    exit_step,
+    highest_window,
+)
 from study_pairing import CELL_METRIC
 from study_results import collect
 from study_stats import paired, two_level, two_level_verdict, verdict
@@ -145,20 +153,20 @@ def plateau(out: Path, results: dict) -> list[str]:
              "| try | change | exit, seed 1 / 2 (step) | highest window of training MLM accuracy, seed 1 / 2 | "
              "held-out MLM accuracy, seed 1 / 2 |", "|---|---|---|---|---|"]
     for name, (change, overrides) in PLATEAU_TRIES.items():
-        exits, windows, accuracies = [], [], []
+        cells = []   # per seed: (exit, highest window, held-out MLM accuracy)
         for seed in TRY_SEEDS:
             run_dir = out / "plateau" / name / f"seed{seed}"
             done = _json(run_dir / "DONE")
-            rows = [] if done is None else metrics_rows(run_dir)
-            exits.append("—" if done is None else str(exit_step(rows)))
-            windows.append("—" if done is None else f"{highest_window(rows):.4f}")
-            accuracies.append("—" if done is None else f"{done['heldout_mlm_acc']:.4f}")
+            if done is None:
+                cells.append(("—", "—", "—"))
+                continue
+            rows = metrics_rows(run_dir)
+            cells.append((str(exit_step(rows)), f"{highest_window(rows):.4f}", f"{done['heldout_mlm_acc']:.4f}"))
         shown = ", ".join([*(f"{k}={v}" for k, v in change.items()), *overrides]) or "none"
-        lines.append(f"| {name} | {shown} | {' / '.join(exits)} | {' / '.join(windows)} | {' / '.join(accuracies)} |")
+        lines.append(f"| {name} | {shown} | " + " | ".join(" / ".join(column) for column in zip(*cells)) + " |")
     choice = _json(out / "plateau" / "choice.json")
     if choice is not None and choice["chosen"] is None:   # the protocol's outcome, not a gap: say so, no empty table
-        return lines + ["\nChosen: none. No try left the plateau at both seeds, so by section 4's rule the remedy arm "
-                        "(`general_120_remedy`) is not run and its endpoints are not measured."]
+        return lines + [f"\nChosen: none. {NO_REMEDY}"]
     lines.append("\nChosen: " + ("not yet (the tries are not finished)" if choice is None else str(choice["chosen"])))
     lines += ["", "| endpoint of `general_120_remedy` against `random_general` | gain [95% CI] | verdict |",
               "|---|---|---|"]
