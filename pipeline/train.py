@@ -9,8 +9,10 @@
 
 The run itself: pipeline/pretraining/run.py. Under SLURM, a run stopped by the requeue signal exits with status 75
 (pipeline/core/requeue.py: checkpoint saved, job requeued; its next start resumes). A run stopped by SIGINT (Ctrl-C)
-exits with 130 (128 + its number, as a shell reports it), not Lightning's 1 of any failure: what restarts a failed
-training (pipeline/core/restarts.py) must not start again a run that somebody stopped.
+exits with 130, one stopped by SIGTERM (`kill`, `scancel`, an eviction) with 143: 128 + the signal's number, as a
+shell reports it. Not Lightning's 1 of any failure: what restarts a failed training (pipeline/core/restarts.py) must
+not start again a run that somebody stopped. And never 0, Lightning's for SIGTERM: the workflow
+(pipeline/orchestration/stage_runner.py) would record the unfinished run as the stage's result.
 """
 import signal
 import sys
@@ -32,8 +34,14 @@ def _note_interrupt(signum: int, frame) -> None:
 
 @hydra.main(config_path="../conf/training", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from pytorch_lightning.utilities.exceptions import SIGTERMException  # after pipeline.core.app: its noise silenced
+
     try:
         result = train(cfg)
+    except SIGTERMException:
+        # Lightning stops the fit at a step boundary and raises this SystemExit without a code: exit 0, a finished
+        # run's status. A requeue never ends here: its ranks ignore SIGTERM from the save on (requeue.py).
+        sys.exit(128 + signal.SIGTERM)
     except BaseException:
         if STOPPED_BY:    # Lightning turns Ctrl-C into sys.exit(1), as any failure: say it was a stop
             sys.exit(128 + STOPPED_BY[0])

@@ -1,4 +1,4 @@
-"""Which checkpoints of a run are complete, and the newest of them: plain file checks, no torch.
+"""Which checkpoints of a run are complete, and the newest of them (its highest step): plain file checks, no torch.
 
 Two kinds of checkpoint:
 - a torch file (DDP, one process): complete when its zip directory (written last) is intact. Writes go to a
@@ -13,10 +13,11 @@ Two kinds of checkpoint:
 
 The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also at
 every start of a SLURM job (ckpt_path=auto, infra/slurm/train.sbatch) and when the workflow continues an interrupted
-pre-training; plain file checks keep that decision cheap, before anything heavy is imported. A checkpoint this user
-may not read (a `latest`, a record, a torch file, the directory itself: e.g. written with mode 0600 by another user)
-stops that decision with UnreadableCheckpoint, naming the file: passing over it would resume from an older checkpoint,
-or start the run over, without a word.
+pre-training; plain file checks keep that decision cheap, before anything heavy is imported. The newest is the one of
+the highest step (checkpoint_steps.py), not the one modified last: a `touch` or a copy changes mtimes. A checkpoint
+this user may not read (a `latest`, a record, a torch file, the directory itself: e.g. written with mode 0600 by
+another user) stops that decision with UnreadableCheckpoint, naming the file: passing over it would resume from an
+older checkpoint, or start the run over, without a word.
 
     python -m pipeline.core.checkpoint_files <run dir>   # its newest complete checkpoint; exits 1: none, 2: unreadable
 """
@@ -30,6 +31,8 @@ import shutil
 import sys
 import zipfile
 from pathlib import Path
+
+from pipeline.core.checkpoint_steps import recorded_step
 
 PARTIAL_PREFIX, PARTIAL_SUFFIX = ".checkpoint-", ".partial"
 LATEST = "latest"                   # DeepSpeed's pointer to the tag of a checkpoint directory
@@ -138,18 +141,40 @@ def written_at(path: Path) -> int:
 
 
 def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path | None:
-    """The most recently completed checkpoint of a run: last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt (written
-    by earlier versions). Each newer one that is not complete is logged with the reason it was passed over."""
+    """The complete checkpoint of a run that holds its highest step (checkpoint_steps.py; of two at one step, the one
+    completed last): last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt (written by earlier versions). Each of a
+    higher step that is not complete is logged with the reason it was passed over, and a checkpoint of a lower step
+    completed after the one chosen (by mtime: touched, copied) with the order the step gives."""
     for directory in (Path(checkpoint_dir), Path(output_dir)):
         if directory.is_dir():
             _require_access(directory, os.R_OK | os.X_OK)   # glob would see nothing in it: a start from scratch
     candidates = [*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")]
-    for candidate in sorted(candidates, key=written_at, reverse=True):
+    order = {candidate: (_step_or_lowest(candidate), written_at(candidate)) for candidate in candidates}
+    for candidate in sorted(candidates, key=order.get, reverse=True):
         problem = checkpoint_problem(candidate)
         if problem is None:
+            _say_where_mtime_disagrees(candidate, order)
             return candidate
         log.warning("not resuming from %s: %s", candidate, problem)
     return None
+
+
+def _step_or_lowest(checkpoint: Path) -> int:
+    try:
+        step = recorded_step(checkpoint)
+    except PermissionError as error:
+        raise UnreadableCheckpoint(Path(error.filename or checkpoint)) from None
+    return -1 if step is None else step   # one that says no step: after every one that does, by mtime among them
+
+
+def _say_where_mtime_disagrees(chosen: Path, order: dict[Path, tuple[int, int]]) -> None:
+    step, completed = order[chosen]
+    later = [c for c, (s, t) in order.items() if s < step and t > completed]
+    if later:
+        touched = max(later, key=lambda c: order[c][1])
+        log.warning("newest checkpoint: %s, of step %d, the highest; %s, of step %d, was modified after it (a "
+                    "touch, a copy, or a run resumed from an earlier checkpoint), which does not make it newer",
+                    chosen, step, touched.name, order[touched][0])
 
 
 def remove_partial_checkpoints(*directories: Path) -> list[Path]:

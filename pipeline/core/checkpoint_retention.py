@@ -71,7 +71,13 @@ def step_checkpoints(directory: Path) -> dict[int, Path]:
     """The periodic checkpoints in `directory`, by step."""
     found = {}
     for path in Path(directory).glob("step*.ckpt"):
-        match = _STEP_CHECKPOINT.match(path.name)
-        if match:
-            found[int(match.group(1))] = path
+        step = step_of_name(path.name)
+        if step is not None:
+            found[step] = path
     return found
+
+
+def step_of_name(name: str) -> int | None:
+    """N of a periodic checkpoint's name, step<N>.ckpt; None for any other name."""
+    match = _STEP_CHECKPOINT.match(name)
+    return int(match.group(1)) if match else None
