@@ -33,10 +33,16 @@ class VocabSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+    file: str | None = None       # any tokenizer.json (e.g. ModernBERT's byte-level BPE), instead of vocab.file
+
+
+@dataclasses.dataclass(frozen=True)
 class PrepConfig:
     inputs: tuple[InputSpec, ...]
     output_dir: str
     vocab: VocabSpec = VocabSpec()
+    tokenizer: TokenizerSpec = TokenizerSpec()
     objective: str = "mlm_nsp"    # mlm_nsp: BERT's sentence pairs; mlm: contiguous text, no NSP (data_prep/packing.py)
     max_seq_length: int = 128
     max_predictions_per_seq: int = 20
@@ -67,6 +73,7 @@ class PrepConfig:
             inputs = [inputs]
         raw["inputs"] = tuple(InputSpec(path=i) if isinstance(i, str) else InputSpec(**i) for i in inputs)
         raw["vocab"] = VocabSpec(**(raw.get("vocab") or {}))
+        raw["tokenizer"] = TokenizerSpec(**(raw.get("tokenizer") or {}))
         raw["output_formats"] = tuple(raw.get("output_formats") or ("parquet",))
         config = cls(**raw)
         config.validate()
@@ -115,8 +122,20 @@ class PrepConfig:
             problems.append(f"vocab.size must be >= 100, got {self.vocab.size}")
         if self.vocab.file is not None and not _exists(self.vocab.file):
             problems.append(f"vocab.file {self.vocab.file!r} does not exist")
+        if self.tokenizer.file is not None:
+            problems += self._tokenizer_file_problems()
         if problems:
             raise ValueError("invalid data_prep config:\n  - " + "\n  - ".join(problems))
+
+    def _tokenizer_file_problems(self) -> list[str]:
+        # Its content (special tokens, whole-word masking's '##' pieces) is checked where it is read: data_prep.plan
+        problems = []
+        if self.vocab.file is not None:
+            problems.append(f"tokenizer.file and vocab.file are exclusive (one tokenizer makes the set); with "
+                            f"tokenizer.file={self.tokenizer.file} set vocab.file=null")
+        if not _exists(self.tokenizer.file):
+            problems.append(f"tokenizer.file {self.tokenizer.file!r} does not exist")
+        return problems
 
     def _mlm_problems(self) -> list[str]:
         problems = []
@@ -135,6 +154,8 @@ class PrepConfig:
         """Everything that shapes the instances, for the manifest (and for training to check against)."""
         params = dataclasses.asdict(self)
         params.pop("output_dir")
+        if self.tokenizer.file is None:   # WordPiece from vocab.*: the parameters stay what they were before
+            params.pop("tokenizer")
         return params
 
 

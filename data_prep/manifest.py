@@ -21,9 +21,13 @@ from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
 from data_prep.plan import JobPlan
 from data_prep.shard_files import shard_settings
 from data_prep.stats import InstanceStats
+from data_prep.vocab import WORDPIECE
 
 FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objective mlm_nsp)
-MLM_FORMAT_VERSION = 2      # objective mlm: rows of input_ids (and masking) only; readers of version 1 must refuse it
+# objective mlm: rows of input_ids (and masking) only. 2: as first written; 3: with each row's document_starts
+# (data_prep/packing.py), which readers of 2 would not know to keep documents apart by. A reader must refuse a
+# version it does not know.
+MLM_FORMAT_VERSION = 3
 _HASH_CHUNK_BYTES = 4 << 20
 
 
@@ -44,14 +48,7 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
         "format_version": FORMAT_VERSION if with_nsp else MLM_FORMAT_VERSION,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "parameters": plan.config.data_parameters(),
-        "tokenizer": {
-            "vocab_file": VOCAB_NAME,
-            "tokenizer_file": TOKENIZER_NAME,
-            "vocab_size": plan.vocab_size,
-            "vocab_sha256": plan.vocab_sha256,
-            "lowercase": plan.config.vocab.lowercase,
-            "source": plan.vocab_source,
-        },
+        "tokenizer": tokenizer_section(plan),
         "schema": {field.name: str(field.type) for field in settings.schema()},
         "inputs": [dataclasses.asdict(f) for f in plan.files],
         "num_shards_planned": plan.num_shards,   # buckets no document fell into write no file
@@ -74,6 +71,24 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
         "skipped": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped/")},
         "repaired": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("repaired/")},
     }
+
+
+def tokenizer_section(plan: JobPlan) -> dict[str, Any]:
+    """What made the token ids. BERT's sentence-pair sets of a WordPiece vocabulary keep the section they always
+    had (their tokenizer.json is built from vocab.txt, which vocab_sha256 pins); every other set also says which
+    kind of tokenizer it was and the sha256 of the tokenizer.json it holds, which training checks."""
+    section = {
+        "vocab_file": VOCAB_NAME,
+        "tokenizer_file": TOKENIZER_NAME,
+        "vocab_size": plan.vocab_size,
+        "vocab_sha256": plan.vocab_sha256,
+        # A tokenizer.json's own normalizer decides the case: vocab.lowercase shapes nothing there.
+        "lowercase": plan.config.vocab.lowercase if plan.tokenizer_kind == WORDPIECE else None,
+        "source": plan.vocab_source,
+    }
+    if plan.config.objective != "mlm_nsp" or plan.tokenizer_kind != WORDPIECE:
+        section.update(kind=plan.tokenizer_kind, tokenizer_sha256=plan.tokenizer_sha256)
+    return section
 
 
 def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> str:

@@ -34,7 +34,8 @@ from data_prep.readers import read_documents
 from data_prep.seeding import stable_seed
 from data_prep.shard_files import shard_settings, write_shard
 from data_prep.spill import SpillWriter, read_blocks, spill_path
-from data_prep.tokenization import WordPieceEncoder, tokenize_document
+from data_prep.tokenization import TokenizerJsonEncoder, WordPieceEncoder, tokenize_document
+from data_prep.vocab import TOKENIZER_JSON
 
 log = logging.getLogger(__name__)
 # What an element of ReadAndTokenize's output or of the manifest's input is: (kind, payload).
@@ -59,7 +60,10 @@ class ReadAndTokenize(beam.DoFn):
         # Beam parallelises over processes; one tokenizer thread each avoids oversubscribing the cores.
         os.environ.setdefault("RAYON_NUM_THREADS", "1")
         tokens = self.plan.vocab_tokens()
-        self.encoder = WordPieceEncoder(tokens, self.plan.config.vocab.lowercase)
+        if self.plan.tokenizer_kind == TOKENIZER_JSON:
+            self.encoder = TokenizerJsonEncoder(self.plan.tokenizer_json())
+        else:
+            self.encoder = WordPieceEncoder(tokens, self.plan.config.vocab.lowercase)
         self.token_dtype = shard_settings(self.plan, tokens).token_dtype
 
     def process(self, input_file: InputFile):

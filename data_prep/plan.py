@@ -20,10 +20,20 @@ from apache_beam.io.filesystems import FileSystems
 
 from data_prep.config import InputSpec, PrepConfig
 from data_prep.documents import Document
-from data_prep.layout import VOCAB_NAME
+from data_prep.layout import TOKENIZER_NAME, VOCAB_NAME
 from data_prep.readers import detect_format, read_documents
 from data_prep.shard_sizing import size_shards
-from data_prep.vocab import parse_vocab, train_vocab, vocab_sha256
+from data_prep.vocab import (
+    TOKENIZER_JSON,
+    WORDPIECE,
+    build_tokenizer,
+    parse_vocab,
+    text_sha256,
+    tokenizer_json_tokens,
+    train_vocab,
+    vocab_sha256,
+    whole_word_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,8 @@ class JobPlan:
     vocab_size: int
     vocab_sha256: str
     sizing: dict = dataclasses.field(default_factory=dict, hash=False)   # how num_shards was chosen (shard_sizing)
+    tokenizer_kind: str = WORDPIECE    # WORDPIECE (built from the vocabulary) or TOKENIZER_JSON (tokenizer.file)
+    tokenizer_sha256: str = ""         # of the tokenizer.json the set holds
 
     @property
     def vocab_path(self) -> str:
@@ -59,6 +71,10 @@ class JobPlan:
 
     def vocab_tokens(self) -> list[str]:
         return list(_read_vocab(self.vocab_path, self.vocab_sha256))
+
+    def tokenizer_json(self) -> str:
+        """The set's tokenizer.json, as the launcher wrote it (workers of a tokenizer.file job encode with it)."""
+        return _read_checked(FileSystems.join(self.config.output_dir, TOKENIZER_NAME), self.tokenizer_sha256)
 
 
 @functools.lru_cache(maxsize=4)
@@ -68,6 +84,15 @@ def _read_vocab(path: str, expected_sha256: str) -> tuple[str, ...]:
     if vocab_sha256(tokens) != expected_sha256:
         raise RuntimeError(f"{path} changed while the job ran (sha256 differs from the plan's)")
     return tuple(tokens)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_checked(path: str, expected_sha256: str) -> str:
+    with FileSystems.open(path) as handle:
+        text = handle.read().decode("utf-8")
+    if text_sha256(text) != expected_sha256:
+        raise RuntimeError(f"{path} changed while the job ran (sha256 differs from the plan's)")
+    return text
 
 
 class InputError(ValueError):
@@ -155,6 +180,8 @@ def _match(pattern: str):
 
 
 def load_or_train_vocab(config: PrepConfig, files: tuple[InputFile, ...]) -> tuple[list[str], str]:
+    if config.tokenizer.file is not None:
+        return tokenizer_json_tokens(read_tokenizer_file(config)), config.tokenizer.file
     if config.vocab.file is not None:
         with FileSystems.open(config.vocab.file) as handle:
             return parse_vocab(handle.read().decode("utf-8")), config.vocab.file
@@ -179,10 +206,29 @@ def _vocab_sample(files: tuple[InputFile, ...], sample_mb: float) -> Iterator[st
                 break
 
 
+def read_tokenizer_file(config: PrepConfig) -> str:
+    """The text of tokenizer.file, refused here if whole-word masking cannot use it."""
+    with FileSystems.open(config.tokenizer.file) as handle:
+        text = handle.read().decode("utf-8")
+    problem = whole_word_problem(text) if config.whole_word_masking else None
+    if problem:
+        raise ValueError(f"tokenizer.file {config.tokenizer.file}: {problem}")
+    return text
+
+
+def tokenizer_json_text(config: PrepConfig, tokens: list[str]) -> str:
+    """What the set's tokenizer.json holds: tokenizer.file as it is, else BERT's tokenizer built from the vocabulary."""
+    if config.tokenizer.file is not None:
+        return read_tokenizer_file(config)
+    return build_tokenizer(tokens, config.vocab.lowercase).to_str()
+
+
 def make_plan(config: PrepConfig, existing_manifest: dict[str, Any] | None = None) -> tuple[JobPlan, list[str]]:
     """The plan, and the vocabulary for the launcher to write where the plan says workers will read it.
     `existing_manifest`: the shard set already in the output directory, whose shard count a re-run keeps."""
     files = expand_inputs(config.inputs)
     num_shards, sizing = size_shards(config, files, existing_manifest)
     tokens, source = load_or_train_vocab(config, files)
-    return JobPlan(config, files, num_shards, source, len(tokens), vocab_sha256(tokens), sizing), tokens
+    kind = TOKENIZER_JSON if config.tokenizer.file is not None else WORDPIECE
+    return JobPlan(config, files, num_shards, source, len(tokens), vocab_sha256(tokens), sizing, kind,
+                   text_sha256(tokenizer_json_text(config, tokens))), tokens

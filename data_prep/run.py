@@ -44,7 +44,7 @@ from data_prep.dask_cluster import (  # noqa: E402
 from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
 from data_prep.manifest import existing_manifest, read_manifest  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
-from data_prep.plan import JobPlan, make_plan  # noqa: E402
+from data_prep.plan import JobPlan, make_plan, tokenizer_json_text  # noqa: E402
 from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, compose_config, split_preset  # noqa: E402
 from data_prep.spill_owner import (  # noqa: E402
     SpillOwner,
@@ -54,7 +54,7 @@ from data_prep.spill_owner import (  # noqa: E402
     settle_spill,
     write_owner,
 )
-from data_prep.vocab import build_tokenizer, vocab_text  # noqa: E402
+from data_prep.vocab import text_sha256, vocab_text  # noqa: E402
 
 log = logging.getLogger("data_prep")
 
@@ -97,6 +97,9 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
 def prepare_output(plan: JobPlan, tokens: list[str], owner: SpillOwner) -> None:
     """Remove a previous run's shards (a smaller re-run must not leave stale ones), claim the spill for this job and
     write the tokenizer."""
+    tokenizer = tokenizer_json_text(plan.config, tokens)
+    if text_sha256(tokenizer) != plan.tokenizer_sha256:   # the manifest records the plan's hash
+        raise RuntimeError(f"{plan.config.tokenizer.file} changed since the job was planned; run it again")
     out = plan.config.output_dir
     if "://" not in out:
         os.makedirs(out, exist_ok=True)
@@ -110,7 +113,7 @@ def prepare_output(plan: JobPlan, tokens: list[str], owner: SpillOwner) -> None:
     with FileSystems.create(FileSystems.join(out, VOCAB_NAME)) as handle:
         handle.write(vocab_text(tokens).encode("utf-8"))
     with FileSystems.create(FileSystems.join(out, TOKENIZER_NAME)) as handle:
-        handle.write(build_tokenizer(tokens, plan.config.vocab.lowercase).to_str().encode("utf-8"))
+        handle.write(tokenizer.encode("utf-8"))
 
 
 def plan_job(overrides: list[str], beam_args: list[str]) -> tuple[JobPlan, list[str], DaskSettings]:
@@ -230,7 +233,7 @@ def help_text() -> str:
         presets.append(f"  {path.stem:<20}{'(default) ' if path.stem == DEFAULT_PRESET else ''}{first}")
     keys = []
     for field in dataclasses.fields(PrepConfig):
-        if field.name == "vocab":
+        if field.name in ("vocab", "tokenizer"):
             continue
         default = "required" if field.default is dataclasses.MISSING else f"default {field.default!r}"
         keys.append(f"  {field.name:<26}{default}")
@@ -246,6 +249,7 @@ def help_text() -> str:
         "keys (Hydra overrides of the preset, e.g. inputs='[/data/wiki/, {path: /data/b/*.txt, format: books}]'):",
         *keys,
         "  vocab.file, vocab.size, vocab.lowercase, vocab.sample_mb, vocab.min_frequency   (the vocabulary)",
+        "  tokenizer.file   (any tokenizer.json instead, e.g. ModernBERT's; with vocab.file=null)",
         "  dask.cluster=none|local|slurm, dask.workers, dask.slurm.{partition,account,cores,processes,memory,",
         "    walltime,job_extra_directives,interface,log_directory,startup_timeout_s}   (a Dask cluster started and",
         "    stopped by the job, running Beam's DaskRunner; they shape no data)",

@@ -60,6 +60,10 @@ class ShardSettings:
     def token_type(self) -> pa.DataType:
         return pa.from_numpy_dtype(self.token_dtype)
 
+    @property
+    def position_dtype(self) -> np.dtype:
+        return np.dtype(np.int16) if self.instance.max_seq_length <= np.iinfo(np.int16).max else np.dtype(np.int32)
+
     def schema(self) -> pa.Schema:
         fields = [pa.field("input_ids", pa.list_(self.token_type))]   # [CLS] A [SEP] B [SEP] (mlm: [CLS] text [SEP])
         if self.objective == "mlm_nsp":
@@ -67,6 +71,8 @@ class ShardSettings:
                 pa.field("num_tokens_a", pa.int16()),             # segment 0 = the first num_tokens_a + 2
                 pa.field("next_sentence_label", pa.int8()),       # 1: B is random (the reference's label)
             ]
+        else:   # where each packed document starts in the row (data_prep/packing.py)
+            fields.append(pa.field("document_starts", pa.list_(pa.from_numpy_dtype(self.position_dtype))))
         if self.masking_mode == "static":
             fields += [
                 pa.field("masked_lm_positions", pa.list_(pa.int16())),
@@ -84,6 +90,8 @@ class InstanceBatch:
     num_tokens_a: np.ndarray
     next_sentence_labels: np.ndarray
     masked: MaskedBatch | None
+    document_starts: np.ndarray | None = None   # MLM-only rows: every row's document start positions, back to back
+    num_documents: np.ndarray | None = None     # (rows,): how many of them each row has
 
 
 def build_shard(
@@ -138,10 +146,11 @@ def _build_packed_shard(documents: Sequence[TokenizedDocument], shard_index: int
                             settings.seed, settings.sep_id)
     for begin in range(0, len(packed.starts), _ROWS_PER_BATCH):
         rows = slice(begin, begin + _ROWS_PER_BATCH)
-        input_ids, num_tokens = assemble_packed(packed, rows, settings.cls_id, settings.sep_id,
-                                                settings.instance.max_seq_length)
+        input_ids, num_tokens, document_starts, num_documents = assemble_packed(
+            packed, rows, settings.cls_id, settings.sep_id, settings.instance.max_seq_length)
         # One segment: num_tokens_a + 2 = num_tokens puts every token in segment 0 (what masking and the loader read)
-        batch = InstanceBatch(input_ids, num_tokens, num_tokens - 2, np.zeros(len(num_tokens), dtype=np.int8), None)
+        batch = InstanceBatch(input_ids, num_tokens, num_tokens - 2, np.zeros(len(num_tokens), dtype=np.int8), None,
+                              document_starts, num_documents)
         if settings.masking_mode == "static":
             batch.masked = mask_batch(input_ids, num_tokens, batch.num_tokens_a, packed.seeds[rows],
                                       settings.masking, settings.masking_vocab)
@@ -188,6 +197,8 @@ def to_record_batch(batch: InstanceBatch, settings: ShardSettings) -> pa.RecordB
     columns = [_list_array(ids[keep].astype(token_type), batch.num_tokens)]
     if settings.objective == "mlm_nsp":
         columns += [pa.array(batch.num_tokens_a.astype(np.int16)), pa.array(batch.next_sentence_labels.astype(np.int8))]
+    else:
+        columns.append(_list_array(batch.document_starts.astype(settings.position_dtype), batch.num_documents))
     if batch.masked is not None:
         slots = np.arange(batch.masked.positions.shape[1])[None, :] < batch.masked.num_masked[:, None]
         columns += [

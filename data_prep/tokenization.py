@@ -1,4 +1,4 @@
-"""Document -> sentences -> WordPiece ids, as one flat array per document."""
+"""Document -> sentences -> token ids (WordPiece, or any tokenizer.json), as one flat array per document."""
 from __future__ import annotations
 
 import itertools
@@ -39,6 +39,23 @@ class WordPieceEncoder:
         return _encode(self.ascii_fast, [s.lower() for s in sentences] if self.lowercase else sentences)
 
 
+class TokenizerJsonEncoder:
+    """Any tokenizer.json (ModernBERT's byte-level BPE, ...), without its special tokens: data_prep adds [CLS] and
+    [SEP] where a row needs them."""
+
+    def __init__(self, tokenizer_json: str):
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        # Corpus text that spells a special token stays text (as for WordPiece), and no sentence is cut or padded.
+        self.tokenizer.encode_special_tokens = True
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+
+    def encode(self, sentences: list[str]) -> list[list[int]]:
+        # A document's sentences are running text: each after the first follows a space, which byte-level BPE and
+        # SentencePiece models encode into the word's first token ('ĠThe', '▁The'), as they do inside a text.
+        return _encode(self.tokenizer, sentences[:1] + [" " + sentence for sentence in sentences[1:]])
+
+
 def _encode(tokenizer: Tokenizer, sentences: list[str]) -> list[list[int]]:
     # encode_batch_fast skips offset tracking, which we do not need.
     return [encoding.ids for encoding in tokenizer.encode_batch_fast(sentences, add_special_tokens=False)]
@@ -50,7 +67,8 @@ def document_sentences(document: Document) -> list[str]:
     return split_paragraphs_into_sentences(document.paragraphs)
 
 
-def tokenize_document(document: Document, encoder: WordPieceEncoder) -> TokenizedDocument | None:
+def tokenize_document(document: Document, encoder: WordPieceEncoder | TokenizerJsonEncoder
+                      ) -> TokenizedDocument | None:
     """The document's sentences as ids; sentences that tokenize to nothing are dropped; None if all do."""
     ids = encoder.encode(document_sentences(document))
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

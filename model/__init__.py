@@ -9,9 +9,20 @@ from model.heads import (
     BertForTokenClassification,
     TaskOutput,
 )
+from model.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForMultipleChoice,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
+    ModernBertModel,
+)
 
 __all__ = [
     "IGNORE_INDEX", "PEAK_FLOPS", "PRESETS", "BertConfig", "BertForMultipleChoice", "BertForPreTraining",
     "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification", "BertModel",
-    "EncoderOutput", "PreTrainingOutput", "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
+    "EncoderOutput", "ModernBertConfig", "ModernBertForMaskedLM", "ModernBertForMultipleChoice",
+    "ModernBertForQuestionAnswering", "ModernBertForSequenceClassification", "ModernBertForTokenClassification",
+    "ModernBertModel", "PreTrainingOutput", "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
 ]

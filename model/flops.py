@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from model.config import BertConfig
+from model.modernbert.config import ModernBertConfig
 
 
-def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -> float:
-    """Model FLOPs per token of one training step (forward + backward) of BertForPreTraining.
+def flops_per_token(config: BertConfig | ModernBertConfig, seq_len: int, num_masked_per_seq: int) -> float:
+    """Model FLOPs per token of one training step (forward + backward) of BertForPreTraining, or of
+    ModernBertForMaskedLM for a ModernBertConfig (modernbert_flops_per_token).
 
     Counts matrix multiplications only (as PaLM's MFU, Chowdhery et al. 2022, appendix B): a multiply-add is 2
     FLOPs, and the backward pass costs twice the forward, hence 6 FLOPs per weight per token it touches.
@@ -17,6 +19,8 @@ def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -
     at and tokens counted per second must include padding (B * T per step), since padding costs the same.
     MFU = flops_per_token * tokens_per_second / peak_flops; see mfu().
     """
+    if isinstance(config, ModernBertConfig):
+        return modernbert_flops_per_token(config, seq_len, num_masked_per_seq)
     # C: hidden width, F: the MLP's (feed-forward) width, V: vocabulary, L: layers, T: positions
     C, F, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
     encoder_weights = L * (4 * C * C + 2 * C * F)
@@ -24,6 +28,25 @@ def flops_per_token(config: BertConfig, seq_len: int, num_masked_per_seq: int) -
     nsp_weights_per_token = (C * C + 2 * C) / T
     attention = 12 * L * C * T
     return 6 * (encoder_weights + mlm_head_weights_per_token + nsp_weights_per_token) + attention
+
+
+def modernbert_flops_per_token(config: ModernBertConfig, seq_len: int, num_masked_per_seq: int) -> float:
+    """flops_per_token for ModernBertForMaskedLM, counted the same way, with its differences from BERT:
+    - encoder: num_layers * (4 C^2 + 3 C F) weights: Wqkv and Wo as BERT's, and the GeGLU MLP's Wi (C -> 2F) and
+      Wo (F -> C);
+    - attention scores and weighted sum: 12 * C * keys per token per layer, where a global layer's query has T keys
+      and a local layer's at most local_attention + 1 (its window, itself included). This counts what the sliding
+      window needs, not what a dense masked kernel (SDPA with a mask) spends on the masked-out keys;
+    - MLM head: transform C^2 + decoder C V at P of T positions; no pooler, no next-sentence head.
+    Packed documents attend within themselves only, which this leaves out too: T is the padded row length.
+    """
+    C, F, V, L, T = config.hidden_size, config.intermediate_size, config.vocab_size, config.num_layers, seq_len
+    encoder_weights = L * (4 * C * C + 3 * C * F)
+    mlm_head_weights_per_token = (C * C + C * V) * num_masked_per_seq / T
+    num_global = sum(config.layer_is_global(i) for i in range(L))
+    keys = num_global * T + (L - num_global) * min(T, config.local_attention + 1)
+    attention = 12 * C * keys
+    return 6 * (encoder_weights + mlm_head_weights_per_token) + attention
 
 
 # Dense (no 2:4 sparsity) tensor-core peaks in FLOP/s for bf16 (fp16 on V100, which has no bf16), per GPU,
@@ -59,7 +82,7 @@ def peak_flops_for_device(device_name: str) -> float | None:
     return None
 
 
-def mfu(config: BertConfig, seq_len: int, num_masked_per_seq: int, tokens_per_second: float,
+def mfu(config: BertConfig | ModernBertConfig, seq_len: int, num_masked_per_seq: int, tokens_per_second: float,
         peak_flops: float | str, num_gpus: int = 1) -> float:
     """Model FLOPs utilisation: achieved model FLOP/s over the hardware's peak, as a fraction.
 

@@ -26,7 +26,8 @@ def test_data_prep_help_lists_presets_keys_and_beam_options():
 def test_train_help_lists_only_training_groups():
     result = run("pipeline/train.py", "--help")
     assert result.returncode == 0, result.stderr
-    assert "model: base, large, medium, mini, small, tiny" in result.stdout
+    assert ("model: base, large, medium, mini, modernbert_base, modernbert_large, modernbert_mini, modernbert_tiny, "
+            "small, tiny") in result.stdout
     assert "strategy: auto, ddp" in result.stdout
     assert "data_prep:" not in result.stdout   # conf/data_prep holds the data job's presets, not a training group
 

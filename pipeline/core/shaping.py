@@ -12,7 +12,8 @@ precision, the seed.
 
 A key is operational when it changes only where the run writes, what it logs, how fast or with which kernels the same
 steps are computed, or what is measured beside training:
-- the accelerator, model.compile and CUDA graphs, data.unpad, fused optimizer kernels, deterministic kernels, padding
+- the accelerator, model.compile and CUDA graphs, data.unpad, model.attention_backend (ModernBERT), fused optimizer
+  kernels, deterministic kernels, padding
   (data.pad_to_multiple_of; compile pads to the sequence length): the same rows, model, objective and schedule. The
   bits differ, as between two cards: other kernels round differently, and dropout draws its masks from the device's
   generator (CUDA's is not the CPU's) over the tensor it is given (a wider padded batch, a compiled kernel, the real
@@ -42,6 +43,7 @@ OPERATIONAL: dict[str, tuple[str, ...]] = {
     "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
     "train": ("output_dir", "ckpt_path", "resume", "require_init_from_checkpoint", "data.verify_checksums",
               "data.micro_batch_margin", "data.pad_to_multiple_of", "data.unpad", "model.compile",
+              "model.attention_backend",   # ModernBERT's SDPA or FlexAttention: the same attention, other kernels
               "model.cuda_graphs", "trainer.benchmark", "trainer.num_sanity_val_steps", "validation",
               "callbacks.checkpoint", "callbacks.throughput", *_KERNELS, *_LOGGING),
     "finetune": ("output_dir", "data.cache_dir", "data.num_workers", "data.eval_batch_size", "data.pad_to_multiple_of",

@@ -1,17 +1,22 @@
 """The one weight loader: whatever checkpoint a user names, resolved to an encoder's weights, its config, its tokenizer
 and its other tensors; and those weights put into a pre-training model (phase 2 from phase 1, the export) or a task
-model (fine-tuning, feature extraction).
+model (fine-tuning, feature extraction). Both encoder families load through it: BERT (model/bert.py) and the
+ModernBERT-class encoder (model/modernbert/); `Pretrained.config` is then a BertConfig or a ModernBertConfig.
 
     load_pretrained(path)                   -> Pretrained (encoder, heads, config, tokenizer), from any format below
-    load_pretraining_weights(model, path)   BertForPreTraining: encoder and both heads, every tensor, strictly
+    load_pretraining_weights(model, path)   BertForPreTraining / ModernBertForMaskedLM: encoder and heads, every
+                                            tensor, strictly; a checkpoint of the other family is refused
     load_pretraining_model(path)            the same, into a model built from the checkpoint's own config and
                                             objective (no next-sentence head after MLM-only pre-training)
     load_into_task_model(model, pretrained) a task model: the encoder always, the head only when one fits
+    encoder_of(model)                       the encoder inside any of those models (BERT's .bert, ModernBERT's
+                                            .encoder): the one place that knows where each family keeps it
 
 The formats:
 
     a Hugging Face directory      config.json + model.safetensors or pytorch_model.bin: our hf_export/, a fine-tuned
-                                  export of ours, or any BERT (a downloaded bert-base-uncased); its vocab.txt /
+                                  export of ours, any BERT (a downloaded bert-base-uncased) or any ModernBERT
+                                  (model_type "modernbert": a masked LM, an encoder or a task model); its vocab.txt /
                                   tokenizer.json beside the weights
     a pre-training run directory  its checkpoints/last.ckpt (the newest weights, also of an unfinished run), else its
                                   hf_export/; the tokenizer from hf_export/ or from the shard set it trained on
@@ -19,9 +24,10 @@ The formats:
     a DeepSpeed checkpoint        the directory Lightning's DeepSpeedStrategy writes (<run>/checkpoints/last.ckpt/),
                                   consolidated to fp32 with DeepSpeed's zero_to_fp32
 
-The encoder is BertModel's state dict (the pooler may be absent: some exports have none). `head_state` holds every
-other tensor: under transformers' names from a Hugging Face directory ("cls.predictions.bias", "classifier.weight"),
-under the module's own from our checkpoints ("mlm_head.dense.weight", "classifier.weight").
+The encoder is BertModel's state dict (the pooler may be absent: some exports have none), or ModernBertModel's.
+`head_state` holds every other tensor: under transformers' names from a Hugging Face directory
+("cls.predictions.bias", "classifier.weight"), under the module's own from our checkpoints ("mlm_head.dense.weight",
+"classifier.weight"). ModernBERT's heads have transformers' names in both ("head.dense.weight", "decoder.bias").
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from model import BertConfig, BertForPreTraining
+from model.architectures import EncoderConfig, PretrainingModel, config_from_dict, is_modernbert, pretraining_model
 from model.hf_files import HF_WEIGHT_FILES
 from pipeline.core.checkpoint_files import CHECKPOINT_DIR
 
@@ -44,8 +50,8 @@ HF_EXPORT_DIR = "hf_export"                # a run's Hugging Face export, under 
 @dataclasses.dataclass
 class Pretrained:
     source: str                               # what was loaded, for logs and metrics.json
-    config: BertConfig
-    encoder_state: dict[str, torch.Tensor]    # BertModel.state_dict() names
+    config: EncoderConfig                     # BertConfig or ModernBertConfig
+    encoder_state: dict[str, torch.Tensor]    # BertModel / ModernBertModel .state_dict() names
     head_state: dict[str, torch.Tensor]       # the other tensors, transformers' names ("classifier.weight", ...)
     tokenizer_source: Path | None             # a directory with vocab.txt (+ tokenizer.json) or a vocab.txt
 
@@ -59,13 +65,25 @@ class Pretrained:
         return any(name.startswith(("nsp_head.", "cls.seq_relationship.")) for name in self.head_state)
 
 
+def encoder_attribute(config: EncoderConfig) -> str:
+    """Where the models of a family keep their encoder: BERT's (transformers' too) as .bert, ours of ModernBERT as
+    .encoder."""
+    return "encoder" if is_modernbert(config) else "bert"
+
+
+def encoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The encoder (BertModel, ModernBertModel) inside a pre-training, task or feature model."""
+    return getattr(model, encoder_attribute(model.config))
+
+
 def load_pretrained(init: str | Path, tokenizer: str | Path | None = None, find_tokenizer: bool = True) -> Pretrained:
     """Resolve `init` (see the module docstring); `tokenizer` overrides where the vocabulary comes from;
     find_tokenizer=False skips looking for one (pre-training needs the weights only)."""
     path = Path(init).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"init={init} does not exist: give a pre-training run directory, a .ckpt, a DeepSpeed "
-                                "checkpoint directory, or a Hugging Face BERT directory (config.json + weights)")
+                                "checkpoint directory, or a Hugging Face BERT or ModernBERT directory (config.json + "
+                                "weights)")
     if _is_hf_dir(path):
         pretrained = _from_hf_dir(path)
     elif _is_deepspeed_dir(path):
@@ -83,7 +101,8 @@ def load_pretrained(init: str | Path, tokenizer: str | Path | None = None, find_
     if tokenizer is not None:
         tokenizer_path = Path(tokenizer).expanduser()
         if not tokenizer_path.exists():
-            raise FileNotFoundError(f"tokenizer={tokenizer} does not exist (a vocab.txt or a directory holding one)")
+            raise FileNotFoundError(f"tokenizer={tokenizer} does not exist (a vocab.txt, a tokenizer.json, or a "
+                                    "directory holding one)")
         pretrained.tokenizer_source = tokenizer_path
     return pretrained
 
@@ -96,16 +115,47 @@ def _is_hf_dir(path: Path) -> bool:
 
 
 def _from_hf_dir(path: Path) -> Pretrained:
-    from model.hf_conversion import config_from_hf, encoder_state_from_hf
     from model.hf_files import read_hf_checkpoint
 
     hf_config, hf_state = read_hf_checkpoint(path)
-    if hf_config.get("model_type", "bert") != "bert":
-        raise ValueError(f"{path} holds a {hf_config.get('model_type')!r} model; this pipeline fine-tunes BERT")
-    config = config_from_hf({**hf_config, "tie_word_embeddings": True})  # a fine-tuned export has no MLM head to tie
-    encoder, others = encoder_state_from_hf(hf_state, config.num_layers)
+    model_type = hf_config.get("model_type", "bert")
+    if model_type == "modernbert":
+        config, encoder, others = _modernbert_from_hf(path, hf_config, hf_state)
+    elif model_type == "bert":
+        from model.hf_conversion import config_from_hf, encoder_state_from_hf
+
+        config = config_from_hf({**hf_config, "tie_word_embeddings": True})  # a fine-tuned export has no MLM head
+        encoder, others = encoder_state_from_hf(hf_state, config.num_layers)
+    else:
+        raise ValueError(f"{path} holds a {model_type!r} model; this pipeline fine-tunes BERT and ModernBERT")
     return Pretrained(f"Hugging Face directory {path}", config, encoder, others,
-                      path if (path / "vocab.txt").is_file() or (path / "tokenizer.json").is_file() else None)
+                      path if _has_tokenizer(path) else None)
+
+
+def _modernbert_from_hf(path: Path, hf_config: dict, hf_state: dict[str, torch.Tensor]):
+    """(config, encoder, others) of a transformers ModernBERT directory; others under transformers' names, which are
+    ours for ModernBERT's heads (head.*, decoder.*, classifier.*)."""
+    from model.modernbert.hf_conversion import config_from_hf, encoder_state_from_hf
+
+    config = config_from_hf(hf_config)
+    mask_id = _mask_token_id(path)
+    if "mask_token_id" not in hf_config and mask_id is not None:   # transformers' config.json does not record it
+        config = dataclasses.replace(config, mask_token_id=mask_id)
+    encoder, others = encoder_state_from_hf(hf_state, config.num_layers)
+    return config, encoder, others
+
+
+def _mask_token_id(directory: Path) -> int | None:
+    if not (directory / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    return next((i for i in map(tokenizer.token_to_id, ("[MASK]", "<mask>")) if i is not None), None)
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return (directory / "vocab.txt").is_file() or (directory / "tokenizer.json").is_file()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -155,21 +205,24 @@ def _from_lightning_file(path: Path, find_tokenizer: bool) -> Pretrained:
                                checkpoint["state_dict"], _run_dir_of(path), find_tokenizer)
 
 
-def _model_config_of(checkpoint: dict, path: Path) -> BertConfig:
+def _model_config_of(checkpoint: dict, path: Path) -> EncoderConfig:
     fields = (checkpoint.get("hyper_parameters") or {}).get("model_config")
     if not fields:
         raise ValueError(f"{path} records no model_config in its hyper_parameters: not a checkpoint of this pipeline")
-    return BertConfig.from_dict(dict(fields))
+    return config_from_dict(dict(fields))   # "architecture": "modernbert" says ModernBERT; none, BERT
 
 
-def _split_module_state(source: str, config: BertConfig, module_state: dict[str, torch.Tensor],
+def _split_module_state(source: str, config: EncoderConfig, module_state: dict[str, torch.Tensor],
                         run_dir: Path | None, find_tokenizer: bool) -> Pretrained:
-    """A LightningModule's state dict ("model.bert.*", "model.<head>.*") -> encoder and head tensors."""
+    """A LightningModule's state dict ("model.bert.*" or ModernBERT's "model.encoder.*", "model.<head>.*") ->
+    encoder and head tensors."""
     state = {key.removeprefix("model."): value for key, value in module_state.items()}
-    encoder = {key.removeprefix("bert."): value for key, value in state.items() if key.startswith("bert.")}
+    prefix = f"{encoder_attribute(config)}."
+    encoder = {key.removeprefix(prefix): value for key, value in state.items() if key.startswith(prefix)}
     if not encoder:
-        raise ValueError(f"{source} holds no BERT encoder weights (no model.bert.* tensors)")
-    heads = {key: value for key, value in state.items() if not key.startswith("bert.")}
+        family = "ModernBERT" if is_modernbert(config) else "BERT"
+        raise ValueError(f"{source} holds no {family} encoder weights (no model.{prefix}* tensors)")
+    heads = {key: value for key, value in state.items() if not key.startswith(prefix)}
     return Pretrained(source, config, encoder, heads, _tokenizer_of_run(run_dir) if find_tokenizer else None)
 
 
@@ -185,7 +238,7 @@ def _tokenizer_of_run(run_dir: Path | None) -> Path | None:
     """A run's tokenizer: its hf_export/ (a copy of the shard set's), else the shard set named in its config."""
     if run_dir is None:
         return None
-    if (run_dir / HF_EXPORT_DIR / "vocab.txt").is_file():
+    if _has_tokenizer(run_dir / HF_EXPORT_DIR):
         return run_dir / HF_EXPORT_DIR
     hydra_config = run_dir / ".hydra" / "config.yaml"
     if hydra_config.is_file():
@@ -194,47 +247,76 @@ def _tokenizer_of_run(run_dir: Path | None) -> Path | None:
         recorded = OmegaConf.load(hydra_config)
         for key in ("data.path", "tokenizer_source"):   # pre-training's shard set; fine-tuning's own record
             value = OmegaConf.select(recorded, key, throw_on_resolution_failure=False)
-            if value and (Path(str(value)) / "vocab.txt").is_file():
+            if value and _has_tokenizer(Path(str(value))):
                 return Path(str(value))
-    log.warning("found no tokenizer for the run %s (no hf_export/vocab.txt, no shard set in .hydra/config.yaml)",
-                run_dir)
+    log.warning("found no tokenizer for the run %s (no hf_export/ vocab.txt or tokenizer.json, no shard set in "
+                ".hydra/config.yaml)", run_dir)
     return None
 
 
 # ----------------------------------------------------------------------------------------------------------
 # into a pre-training model
 
-def load_pretraining_weights(model: BertForPreTraining, path: str | Path,
+# The decoder weight each family ties to its word embedding: filled by loading the embedding, never stored apart.
+_TIED_DECODER = {"bert": "mlm_head.decoder.weight", "encoder": "decoder.weight"}
+_MODERNBERT_EMBEDDING = "embeddings.tok_embeddings.weight"
+
+
+def load_pretraining_weights(model: PretrainingModel, path: str | Path,
                              pretrained: Pretrained | None = None) -> None:
-    """Every tensor of `model` (encoder, pooler, MLM and NSP heads) from the checkpoint at `path`, in any format
-    load_pretrained reads; refuses a checkpoint that lacks any of them or holds others (another model size, a
-    fine-tuned model, the other pre-training objective)."""
+    """Every tensor of `model` (BertForPreTraining: encoder, pooler, MLM and NSP heads; ModernBertForMaskedLM: encoder,
+    prediction head, decoder bias) from the checkpoint at `path`, in any format load_pretrained reads; refuses a
+    checkpoint of the other family, or one that lacks any of them or holds others (another model size, a fine-tuned
+    model, the other pre-training objective)."""
     from model.hf_conversion import pretraining_heads_from_hf
 
     pretrained = pretrained or load_pretrained(path, find_tokenizer=False)
+    check_same_family(model.config, pretrained.config, path)
     if pretrained.has_next_sentence_head != model.next_sentence_prediction:
         objective = {True: "mlm_nsp (with next-sentence prediction)", False: "mlm (MLM only)"}
         raise ValueError(f"{path} was pre-trained with objective {objective[pretrained.has_next_sentence_head]}, and "
                          f"this model's shard set has objective {objective[model.next_sentence_prediction]}: train on "
                          "a shard set of the checkpoint's objective, or start from another checkpoint")
-    heads = pretrained.head_state
+    attribute = encoder_attribute(model.config)
+    heads = dict(pretrained.head_state)
     if any(name.startswith("cls.") for name in heads):   # a Hugging Face directory: transformers' head names
         heads = pretraining_heads_from_hf(heads)
-    state = {**{f"bert.{name}": tensor for name, tensor in pretrained.encoder_state.items()}, **heads}
+    tied = _TIED_DECODER[attribute]
+    if is_modernbert(model.config) and tied in heads:   # stored beside the embedding (a Lightning state dict's alias)
+        if not torch.equal(heads.pop(tied), pretrained.encoder_state[_MODERNBERT_EMBEDDING]):
+            raise ValueError(f"{path} holds a decoder that differs from its token embedding; this model ties them")
+    state = {**{f"{attribute}.{name}": tensor for name, tensor in pretrained.encoder_state.items()}, **heads}
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as error:   # a tensor of another shape: another model size
         raise ValueError(f"{path} does not hold this model's weights (model {model.config}): {error}") from None
-    missing = [name for name in missing if name != "mlm_head.decoder.weight"]   # tied: the word embedding
+    missing = [name for name in missing if name != tied]   # tied: the word embedding
     if missing or unexpected:
         raise ValueError(f"{path} does not hold this model's weights: missing {missing[:5]}, unexpected "
                          f"{unexpected[:5]} (model {model.config})")
 
 
-def load_pretraining_model(path: str | Path) -> BertForPreTraining:
-    """A BertForPreTraining of the checkpoint's own config and objective, holding its weights."""
+def check_same_family(config: EncoderConfig, checkpoint_config: EncoderConfig, path: str | Path) -> None:
+    """A BERT checkpoint cannot start a ModernBERT run, nor the reverse: their tensors have nothing in common."""
+    if is_modernbert(config) == is_modernbert(checkpoint_config):
+        return
+    if is_modernbert(config):
+        raise ValueError(f"{path} holds a BERT model ({_brief(checkpoint_config)}); this run trains ModernBERT "
+                         f"(model=modernbert_*): start from a ModernBERT checkpoint or choose a BERT model")
+    raise ValueError(f"{path} holds a ModernBERT model ({_brief(checkpoint_config)}); this run trains BERT "
+                     f"(model=tiny..large): start from a BERT checkpoint or choose a ModernBERT model "
+                     f"(model=modernbert_*)")
+
+
+def _brief(config: EncoderConfig) -> str:
+    return (f"{type(config).__name__} num_layers={config.num_layers} hidden_size={config.hidden_size} "
+            f"vocab_size={config.vocab_size}")
+
+
+def load_pretraining_model(path: str | Path) -> PretrainingModel:
+    """A pre-training model of the checkpoint's own family, config and objective, holding its weights."""
     pretrained = load_pretrained(path, find_tokenizer=False)
-    model = BertForPreTraining(pretrained.config, next_sentence_prediction=pretrained.has_next_sentence_head)
+    model = pretraining_model(pretrained.config, next_sentence_prediction=pretrained.has_next_sentence_head)
     load_pretraining_weights(model, path, pretrained)
     return model
 
@@ -246,15 +328,24 @@ def load_pretraining_model(path: str | Path) -> BertForPreTraining:
 # would be quietly worse). A checkpoint without a pooler (some exports have none) leaves the pooler at its random
 # initialisation, as transformers does, and says so. The head is taken from the checkpoint only when every head tensor
 # is there with the right shape (resuming from a fine-tuned model of the same task); otherwise it starts fresh, as
-# the paper's heads do.
+# the paper's heads do. ModernBERT's task heads begin with the masked LM's prediction head (head.dense, head.norm):
+# from a pre-trained checkpoint that part is taken and the classifier starts fresh, as transformers' from_pretrained
+# does (and ModernBERT's published fine-tuning with it).
+
+_SHARED_WITH_PRETRAINING = {"bert": (), "encoder": ("head.",)}
+
 
 def load_into_task_model(model: torch.nn.Module, pretrained: Pretrained) -> str:
     """Load what fits; returns what was loaded, for logs and metrics.json."""
+    check_same_family(model.config, pretrained.config, pretrained.source)
+    attribute = encoder_attribute(model.config)
+    encoder = encoder_of(model)
+    pooler = getattr(encoder, "pooler", None)   # ModernBERT has none; BERT's span and token heads neither
     encoder_state = dict(pretrained.encoder_state)
-    if model.bert.pooler is None:   # span and token heads read every token, not the pooled [CLS]: no pooler
+    if pooler is None:   # span and token heads read every token, not the pooled [CLS]: no pooler
         encoder_state = {k: v for k, v in encoder_state.items() if not k.startswith("pooler.")}
     try:
-        missing, unexpected = model.bert.load_state_dict(encoder_state, strict=False)
+        missing, unexpected = encoder.load_state_dict(encoder_state, strict=False)
     except RuntimeError as error:   # a tensor of another shape: another model size
         raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: {error}") from None
     pooler_missing = sorted(k for k in missing if k.startswith("pooler."))
@@ -263,15 +354,24 @@ def load_into_task_model(model: torch.nn.Module, pretrained: Pretrained) -> str:
         raise ValueError(f"{pretrained.source} does not fit the encoder {pretrained.config}: missing "
                          f"{missing[:5]}, unexpected {unexpected[:5]}")
     parts = ["encoder"]
-    if pooler_missing and model.bert.pooler is not None:
+    if pooler_missing and pooler is not None:
         parts.append("pooler left at random initialisation (not in the checkpoint)")
 
-    head = {name: param for name, param in model.state_dict().items() if not name.startswith("bert.")}
-    fits = all(name in pretrained.head_state and pretrained.head_state[name].shape == tensor.shape
-               for name, tensor in head.items())
-    if head and fits:
+    head = {name: param for name, param in model.state_dict().items() if not name.startswith(f"{attribute}.")}
+    if head and _fits(head, pretrained.head_state):
         model.load_state_dict({name: pretrained.head_state[name] for name in head}, strict=False)
         parts.append(f"task head ({', '.join(sorted(head))})")
     elif head:   # an encoder without a head (feature extraction) has none to start fresh
-        parts.append("new task head")
+        shared = {name: tensor for name, tensor in head.items()
+                  if name.startswith(_SHARED_WITH_PRETRAINING[attribute])}
+        if shared and _fits(shared, pretrained.head_state):
+            model.load_state_dict({name: pretrained.head_state[name] for name in shared}, strict=False)
+            parts.append(f"prediction head ({', '.join(sorted(shared))}); new classifier")
+        else:
+            parts.append("new task head")
     return "; ".join(parts)
+
+
+def _fits(wanted: dict[str, torch.Tensor], available: dict[str, torch.Tensor]) -> bool:
+    """Every wanted tensor is available, in its shape."""
+    return all(name in available and available[name].shape == tensor.shape for name, tensor in wanted.items())

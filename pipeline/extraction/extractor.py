@@ -1,4 +1,5 @@
-"""Text -> per-layer vectors with a frozen BERT, through fine-tuning's own loading, featurizer and batching.
+"""Text -> per-layer vectors with a frozen BERT (or ModernBERT-class encoder), through fine-tuning's own loading,
+featurizer and batching.
 
     extractor = Extractor.from_init("outputs/train/demo", views=["layer_-1", "sum_last_four"])
     for sentence in extractor.extract(records, report):   # in input order
@@ -8,7 +9,9 @@ The weights and the tokenizer come from `init=` exactly as fine-tuning takes the
 pipeline/finetuning/tokenizer.py), so extraction accepts every checkpoint fine-tuning does. Sentences are featurized by
 fine-tuning's sentence_features ([CLS] a [SEP] (b [SEP]), the reference's truncation) and batched by its eval_loader:
 a chunk of records at a time, shortest first, each batch padded to its own longest sequence, then put back in input
-order. Memory is bounded by the chunk, whatever the size of the input.
+order. Memory is bounded by the chunk, whatever the size of the input. The layers are the encoder's hidden states:
+the embeddings, then each layer's output (the last one after the final LayerNorm for ModernBERT, whose segment ids
+are ignored).
 
 Poolings, over a sentence's real tokens only (padding never enters): `cls` the [CLS] vector, `mean` the mean over
 every token of the sequence, [CLS] and [SEP] included (as sentence-transformers' mean pooling).
@@ -23,7 +26,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from model import BertConfig, BertModel
+from model import BertModel, ModernBertModel
+from model.architectures import EncoderConfig, is_modernbert
 from pipeline.extraction.inputs import InputReport, TextRecord
 from pipeline.extraction.layers import apply_view, view_names, view_positions
 from pipeline.finetuning.tokenizer import LoadedTokenizer
@@ -33,13 +37,20 @@ POOLINGS = ("cls", "mean")
 
 
 class FeatureEncoder(torch.nn.Module):
-    """The encoder without a head: what fine-tuning's load_into_task_model fills (it loads `.bert`)."""
+    """The encoder without a head: what fine-tuning's load_into_task_model fills (the family's encoder attribute,
+    pipeline/core/weights.py's encoder_of: BERT's `.bert`, ModernBERT's `.encoder`)."""
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.bert = BertModel(config, add_pooling_layer=False)   # pooled = [CLS] / mean, not BERT's NSP pooler
+        self.config = config
+        if is_modernbert(config):
+            self.encoder = ModernBertModel(config)
+        else:
+            self.bert = BertModel(config, add_pooling_layer=False)   # pooled = [CLS] / mean, not BERT's NSP pooler
 
     def forward(self, input_ids, token_type_ids, attention_mask) -> tuple[torch.Tensor, ...]:
+        if is_modernbert(self.config):   # no segments
+            return self.encoder(input_ids, attention_mask, output_hidden_states=True).hidden_states
         return self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True).hidden_states
 
 
@@ -73,7 +84,7 @@ class Extractor:
         """The encoder of `init` (anything fine-tuning's init= takes). layers: indices as layers.py reads them;
         None for every hidden state, embeddings first (what the probe combines)."""
         from pipeline.core.weights import load_into_task_model, load_pretrained
-        from pipeline.finetuning.tokenizer import load_tokenizer
+        from pipeline.finetuning.tokenizer import check_special_tokens, load_tokenizer
 
         pretrained = load_pretrained(init, tokenizer)
         config = pretrained.config
@@ -84,11 +95,12 @@ class Extractor:
                            config.num_layers)
         if not views:
             raise ValueError("nothing to extract: give layers=[...] and/or combinations=[...]")
-        return cls(encoder=encoder.eval(), tokenizer=load_tokenizer(pretrained.tokenizer_source, config.vocab_size),
-                   views=views, source=pretrained.source, **settings)
+        tokenizer = load_tokenizer(pretrained.tokenizer_source, config.vocab_size)
+        check_special_tokens(tokenizer, config)
+        return cls(encoder=encoder.eval(), tokenizer=tokenizer, views=views, source=pretrained.source, **settings)
 
     def __post_init__(self) -> None:
-        config = self.encoder.bert.config
+        config = self.encoder.config
         for view in self.views:
             view_positions(view, config.num_layers)   # a bad layer fails now, not after the first chunk
         unknown = [p for p in self.poolings if p not in POOLINGS]
@@ -125,7 +137,7 @@ class Extractor:
                     report.counts["tokens_cut"] += cut
         rows = FeatureRows(datasets.Dataset.from_dict(features), kind="classification")
         out: list[SentenceFeatures | None] = [None] * len(chunk)
-        num_layers = self.encoder.bert.config.num_layers
+        num_layers = self.encoder.config.num_layers
         for batch in eval_loader(rows, self.batch_size, PaddingCollator(self.tokenizer.pad_id)):
             hidden = self.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden[0].dtype)   # (B, T, 1)

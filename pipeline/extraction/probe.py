@@ -1,4 +1,5 @@
-"""Linear probes: which layers of a frozen BERT carry a sentence-level signal (the paper's feature-based approach).
+"""Linear probes: which layers of a frozen BERT (or ModernBERT-class encoder) carry a sentence-level signal (the paper's
+feature-based approach).
 
 The seed example (SST-2 with a frozen encoder and a logistic regression): embed N training sentences, split them
 75/25, fit scikit-learn's LogisticRegression on the first part, report accuracy on the second; then the same for
@@ -39,7 +40,7 @@ def embed(extractor, texts: Sequence[str], labels: Sequence[int]) -> EmbeddedSen
     """Pooled vectors of every hidden state for each text. The extractor must give every layer (layers=None)."""
     from pipeline.extraction.inputs import TextRecord
 
-    num_layers = extractor.encoder.bert.config.num_layers
+    num_layers = extractor.encoder.config.num_layers
     expected = [f"layer_{i}" for i in range(num_layers + 1)]
     if extractor.views != expected:
         raise ValueError(f"the probe needs every hidden state (Extractor.from_init(..., layers=None)), got "

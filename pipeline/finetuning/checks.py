@@ -9,14 +9,19 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from model import BertConfig
+from model.architectures import EncoderConfig, config_from_dict, is_modernbert
 from pipeline.core import app
 from pipeline.core.devices import world_size
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.weights import load_pretrained
 from pipeline.finetuning.tasks import get_task
 from pipeline.finetuning.tasks.hub import looks_like_hub_directory
-from pipeline.finetuning.tokenizer import load_tokenizer
+from pipeline.finetuning.tokenizer import check_special_tokens, load_tokenizer
+
+# finetune.yaml's model.* are BERT's fields (the paper's dropout 0.1). On ModernBERT's layers: hidden_dropout is
+# BERT's dropout on the hidden states (after the embeddings, inside each feed-forward block, before the classifier),
+# attention_dropout (a field of both) on the attention. ModernBERT's own fields, given too, take precedence.
+MODERNBERT_FIELDS_OF = {"hidden_dropout": ("embedding_dropout", "mlp_dropout", "classifier_dropout")}
 
 
 class FinetuneChecks:
@@ -27,8 +32,8 @@ class FinetuneChecks:
         self.task = get_task(str(cfg.task.name))
         if not cfg.get("init"):
             raise ValueError("init= is required: the weights to fine-tune (a pre-training run directory, a .ckpt, a "
-                             "DeepSpeed checkpoint directory, or a Hugging Face BERT directory such as a downloaded "
-                             "bert-base-uncased)")
+                             "DeepSpeed checkpoint directory, or a Hugging Face BERT or ModernBERT directory such as "
+                             "a downloaded bert-base-uncased)")
         self.trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
         self.evaluate_only = evaluate_only(cfg)
         self.world_size = world_size(self.trainer_cfg)
@@ -39,12 +44,39 @@ class FinetuneChecks:
         self.pretrained = load_pretrained(str(cfg.init), cfg.get("tokenizer"))
         overrides = {key: value for key, value in (OmegaConf.to_container(cfg.model, resolve=True) or {}).items()
                      if value is not None}
-        self.model_config = BertConfig.from_dict({**self.pretrained.config.to_dict(), **overrides})
+        self.model_config = fine_tuning_config(self.pretrained.config, overrides)
         self.tokenizer = load_tokenizer(self.pretrained.tokenizer_source, self.model_config.vocab_size)
+        check_special_tokens(self.tokenizer, self.model_config)
         self.max_seq_length = int(cfg.data.max_seq_length)
         if self.max_seq_length > self.model_config.max_position_embeddings:
             raise ValueError(f"data.max_seq_length={self.max_seq_length} exceeds the model's "
                              f"max_position_embeddings={self.model_config.max_position_embeddings}")
+
+
+def fine_tuning_config(config: EncoderConfig, overrides: dict[str, Any]) -> EncoderConfig:
+    """The checkpoint's config with finetune.yaml's model.* set over it (for ModernBERT, BERT's dropout keys mapped
+    onto its own; a key it has no counterpart for is refused)."""
+    fields = config.to_dict()
+    if not is_modernbert(config):
+        return config_from_dict({**fields, **overrides})
+    mapped: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key in MODERNBERT_FIELDS_OF:
+            mapped.update(dict.fromkeys(MODERNBERT_FIELDS_OF[key], value))
+        elif key not in fields:
+            known = sorted({*MODERNBERT_FIELDS_OF, *fields} - {"architecture"})
+            raise ValueError(f"model.{key} is not a setting of a ModernBERT model (init= holds one); its model.* "
+                             f"settings are: {', '.join(known)}")
+    own = {key: value for key, value in overrides.items() if key in fields}
+    return config_from_dict({**fields, **mapped, **own})
+
+
+def dropout_settings(config: EncoderConfig) -> dict[str, float]:
+    """The dropout a run fine-tuned with, for metrics.json."""
+    if not is_modernbert(config):
+        return {"hidden_dropout": config.hidden_dropout}
+    return {name: getattr(config, name) for name in ("embedding_dropout", "attention_dropout", "mlp_dropout",
+                                                     "classifier_dropout")}
 
 
 def evaluate_only(cfg: DictConfig) -> bool:

@@ -22,12 +22,16 @@ import torch
 
 from model import (
     IGNORE_INDEX,
-    BertConfig,
     BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    ModernBertForMultipleChoice,
+    ModernBertForQuestionAnswering,
+    ModernBertForSequenceClassification,
+    ModernBertForTokenClassification,
 )
+from model.architectures import EncoderConfig, config_from_dict, is_modernbert
 from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
 from pipeline.core.clipping import clip_by_norm, clips_itself
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
@@ -38,14 +42,20 @@ from pipeline.finetuning.tasks import get_task
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
-def build_task_model(config: BertConfig, kind: str, num_labels: int) -> torch.nn.Module:
-    if kind == "multiple_choice":
-        return BertForMultipleChoice(config)
-    if kind == "span":
-        return BertForQuestionAnswering(config)
-    if kind == "token":
-        return BertForTokenClassification(config, num_labels=num_labels)
-    return BertForSequenceClassification(config, num_labels=1 if kind == "regression" else num_labels)
+# kind -> (BERT's head, ModernBERT's head): the same forward, outputs and losses (model/heads.py, model/modernbert/)
+_HEADS = {"multiple_choice": (BertForMultipleChoice, ModernBertForMultipleChoice),
+          "span": (BertForQuestionAnswering, ModernBertForQuestionAnswering),
+          "token": (BertForTokenClassification, ModernBertForTokenClassification),
+          "classification": (BertForSequenceClassification, ModernBertForSequenceClassification),
+          "regression": (BertForSequenceClassification, ModernBertForSequenceClassification)}
+
+
+def build_task_model(config: EncoderConfig, kind: str, num_labels: int) -> torch.nn.Module:
+    """The task's head on the config's encoder family."""
+    head = _HEADS[kind][1 if is_modernbert(config) else 0]
+    if kind in ("multiple_choice", "span"):
+        return head(config)
+    return head(config, num_labels=1 if kind == "regression" else num_labels)
 
 
 def predictions_from_logits(kind: str, logits: np.ndarray) -> np.ndarray:
@@ -91,7 +101,8 @@ class FinetuneModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], task: str, optimizer: dict[str, Any], scheduler: dict[str, Any],
                  total_steps: int, eval_splits: list[str], eval_data: dict[str, tuple[Any, Any]] | None = None,
                  task_settings: dict[str, Any] | None = None):
-        """model_config: BertConfig fields (dropout as fine-tuning wants it); task: a name of pipeline.finetuning.tasks;
+        """model_config: the encoder config's fields (BertConfig's, or ModernBertConfig's with "architecture"; dropout
+        as fine-tuning wants it); task: a name of pipeline.finetuning.tasks;
         optimizer / scheduler: configs for pipeline/core/optim.py; total_steps: optimizer steps of the whole run (where
         the schedule reaches 0); eval_splits: names of the validation dataloaders, in order;
         eval_data, task_settings: what a per-token task's evaluate() needs besides the outputs, the (examples,
@@ -100,7 +111,7 @@ class FinetuneModule(pl.LightningModule):
         self.save_hyperparameters(ignore=["eval_data"])
         self.task = get_task(task)
         labels = len(self.task.label_names) if self.task.label_names else 1
-        self.model = build_task_model(BertConfig(**model_config), self.task.kind, labels)
+        self.model = build_task_model(config_from_dict(model_config), self.task.kind, labels)
         self.eval_splits = list(eval_splits)
         self.eval_data = eval_data or {}
         self.task_settings = task_settings or {}

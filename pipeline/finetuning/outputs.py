@@ -6,7 +6,8 @@
                                  NER: predictions in CoNLL format)
     glue_submission/<Task>.tsv   GLUE leaderboard files for the test splits that were given
     curves.png                   training loss per step and the dev metrics per epoch, from csv/metrics.csv
-    hf_export/                   transformers' BertForSequenceClassification / BertForMultipleChoice + tokenizer
+    hf_export/                   transformers' BertForSequenceClassification / BertForMultipleChoice / ... or, from
+                                 a ModernBERT checkpoint, ModernBertForSequenceClassification / ...; + tokenizer
 """
 from __future__ import annotations
 
@@ -51,18 +52,28 @@ def write_run_outputs(*, output_dir: Path, task, evaluations: dict, split_rows: 
                                     output_dir / SUBMISSION_DIR)
             files[f"submission/{split}"] = str(path)
     if export_hf:
-        from model.hf_files import export_hf_task
-
         id2label = (dict(enumerate(task.label_names)) if task.label_names and task.kind in ("classification", "token")
                     else None)
-        files["hf_export"] = str(export_hf_task(model, output_dir / HF_EXPORT_DIR, tokenizer_source,
-                                                id2label=id2label))
+        files["hf_export"] = str(export_task_model(model, output_dir / HF_EXPORT_DIR, tokenizer_source, id2label))
     csv_path = csv_metrics_path(output_dir)
     if plot and csv_path.is_file():
         files["plot"] = str(plot_finetune_curves(csv_path, output_dir / PLOT_NAME, task.name, task.main_metric))
     (output_dir / METRICS_FILE).write_text(json.dumps({**summary, "files": files}, indent=2) + "\n")
     files["metrics"] = str(output_dir / METRICS_FILE)
     return files
+
+
+def export_task_model(model, out_dir: Path, tokenizer_source: Path, id2label: dict[int, str] | None) -> Path:
+    """The fine-tuned model as transformers' class of its name (AutoModelFor<task> loads it), with its tokenizer."""
+    from model.architectures import is_modernbert
+
+    if is_modernbert(model.config):
+        from model.modernbert.hf_files import export_modernbert_hf
+
+        return export_modernbert_hf(model, out_dir, tokenizer_source, id2label=id2label)
+    from model.hf_files import export_hf_task
+
+    return export_hf_task(model, out_dir, tokenizer_source, id2label=id2label)
 
 
 def _row_ids(features) -> np.ndarray:

@@ -8,7 +8,11 @@ A run leaves in its output directory: metrics.json (dev metrics, data and trunca
 predictions/<split>.tsv (dev predictions beside the gold labels; SQuAD's predictions.json / nbest_predictions.json
 and NER's CoNLL file under predictions/<split>/), glue_submission/<Task>.tsv (leaderboard files, when the task's
 test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
-BertForSequenceClassification / BertForMultipleChoice with id2label, and the tokenizer), and Hydra's .hydra/.
+BertForSequenceClassification / BertForMultipleChoice / ... with id2label, and the tokenizer; ModernBert* from a
+ModernBERT checkpoint), and Hydra's .hydra/.
+
+`init=` may hold BERT or a ModernBERT-class encoder (pipeline/core/weights.py tells them apart): the task's head is
+then that family's (pipeline/finetuning/module.py), with the same features, batches and outputs.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from pipeline.core.optim import warmup_steps_of
 from pipeline.core.run_dir_lock import holds_run_dir
 from pipeline.core.weights import load_into_task_model
 from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
-from pipeline.finetuning.checks import FinetuneChecks
+from pipeline.finetuning.checks import FinetuneChecks, dropout_settings
 from pipeline.finetuning.features import featurize, truncation_report
 from pipeline.finetuning.module import FinetuneModule, gather_predictions, per_token_kind
 from pipeline.finetuning.outputs import write_run_outputs
@@ -161,7 +165,7 @@ def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> di
                                 "seed": int(cfg.seed), "max_seq_length": plan.max_seq_length,
                                 "warmup_fraction": cfg.scheduler.get("warmup_fraction"),
                                 "weight_decay": float(cfg.optimizer.get("weight_decay", 0.0)),
-                                "hidden_dropout": plan.model_config.hidden_dropout},
+                                **dropout_settings(plan.model_config)},
             "data": data_report, "weights_loaded": loaded, "global_step": trainer.global_step,
             "train_seconds": round(train_seconds, 2),
             "train_examples_per_second": round(train_rows * epochs / train_seconds, 1) if epochs else None,

@@ -6,6 +6,11 @@ do_lower_case says (uncased when it says nothing, as google-research/bert's defa
 featurizers, never by the tokenizer, so a tokenizer.json's post-processor, padding and truncation are switched off.
 A WordPiece tokenizer.json's longest word is set to the reference's 200 characters (Hugging Face's files say 100),
 so fine-tuning splits words exactly as google-research/bert and our pre-training data do.
+
+A byte-level BPE tokenizer.json (ModernBERT's: its pre-training data's) is taken as it is: it lower-cases only when its
+normaliser does, and its vocab.txt (the tokens listed by id) is never read as a WordPiece vocabulary. Its offsets are
+trimmed of the space a token carries ("Ġword"), so SQuAD's answers start at the word; words given one by one (CoNLL)
+are encoded as they appear after a space in running text ("Ġword"), as transformers does for RoBERTa-style tokenizers.
 """
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, processors
 
 from data_prep.vocab import MAX_INPUT_CHARS_PER_WORD, build_tokenizer, parse_vocab
 
@@ -31,9 +36,14 @@ class LoadedTokenizer:
     sep_id: int
     pad_id: int
     fingerprint: str      # sha256 of the vocabulary and settings: part of the feature cache's key
+    word_tokenizer: Tokenizer | None = None   # for pre-split words (CoNLL), where it differs from `tokenizer`
+
+    def __post_init__(self) -> None:
+        if self.word_tokenizer is None:
+            self.word_tokenizer = self.tokenizer
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        """WordPiece ids of each text, without special tokens."""
+        """Token ids (WordPiece or BPE) of each text, without special tokens."""
         return [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
 
@@ -43,19 +53,26 @@ def load_tokenizer(source: str | Path | None, model_vocab_size: int) -> LoadedTo
                          "vocab.txt / tokenizer.json> (the vocabulary the model was pre-trained with)")
     source = Path(source)
     directory = source if source.is_dir() else source.parent
-    tokenizer_json = directory / "tokenizer.json" if source.is_dir() else None
+    tokenizer_json = _tokenizer_json_of(source)
     vocab_file = directory / "vocab.txt" if source.is_dir() else source
     lowercase = _lowercase_of(directory)
+    word_tokenizer = None
 
-    if tokenizer_json is not None and tokenizer_json.is_file():
+    if tokenizer_json is not None:
         tokenizer = Tokenizer.from_file(str(tokenizer_json))
         tokenizer.post_processor = None
         tokenizer.no_padding()
         tokenizer.no_truncation()
         if isinstance(tokenizer.model, models.WordPiece):
             tokenizer.model.max_input_chars_per_word = MAX_INPUT_CHARS_PER_WORD
-        normalizer = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("normalizer") or {}
-        lowercase = bool(normalizer.get("lowercase", lowercase))
+        saved = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+        normalizer = saved.get("normalizer") or {}
+        if _byte_level(saved.get("pre_tokenizer")):
+            lowercase = _lowercases(normalizer)
+            tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)   # adds no tokens: trims offsets
+            word_tokenizer = _with_prefix_space(tokenizer)
+        else:
+            lowercase = bool(normalizer.get("lowercase", lowercase))
         fingerprint_text = tokenizer.to_str()
     elif vocab_file.is_file():
         tokens = parse_vocab(vocab_file.read_text(encoding="utf-8"))
@@ -76,7 +93,68 @@ def load_tokenizer(source: str | Path | None, model_vocab_size: int) -> LoadedTo
                          "tokenizer=<the vocab.txt the model was pre-trained with>")
     fingerprint = hashlib.sha256(fingerprint_text.encode("utf-8")).hexdigest()
     return LoadedTokenizer(tokenizer, source, size, lowercase, vocab["[CLS]"], vocab["[SEP]"], vocab["[PAD]"],
-                           fingerprint)
+                           fingerprint, word_tokenizer)
+
+
+def check_special_tokens(tokenizer: LoadedTokenizer, config) -> None:
+    """A config that names its special tokens' ids (ModernBERT's; BertConfig names none that the model uses) must
+    agree with the tokenizer: the model masks padding by id, and its classifier reads [CLS]."""
+    if getattr(config, "cls_token_id", None) is None:
+        return
+    for name, token_id in (("cls_token_id", tokenizer.cls_id), ("sep_token_id", tokenizer.sep_id),
+                           ("pad_token_id", tokenizer.pad_id)):
+        expected = getattr(config, name, None)
+        if expected is not None and expected != token_id:
+            raise ValueError(f"the tokenizer at {tokenizer.source} has {name.removesuffix('_token_id')} id {token_id}, "
+                             f"but the model's config says {name}={expected}: this tokenizer does not belong to these "
+                             "weights. Pass tokenizer=<the tokenizer the model was pre-trained with>")
+
+
+def _tokenizer_json_of(source: Path) -> Path | None:
+    """The tokenizer.json to read: the directory's, the file given, or the one beside a vocab.txt that only lists a
+    BPE tokenizer's tokens (reading those as WordPiece would split every word wrongly)."""
+    if source.is_dir():
+        candidate = source / "tokenizer.json"
+    elif source.suffix == ".json":
+        return source
+    else:
+        candidate = source.parent / "tokenizer.json"
+        if not candidate.is_file() or not _byte_level(json.loads(candidate.read_text(encoding="utf-8"))
+                                                      .get("pre_tokenizer")):
+            return None
+    return candidate if candidate.is_file() else None
+
+
+def _byte_level(pre_tokenizer: dict | None) -> bool:
+    """A byte-level pre-tokeniser (GPT-2's, ModernBERT's), alone or in a sequence."""
+    if not pre_tokenizer:
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any(_byte_level(part) for part in pre_tokenizer.get("pretokenizers", []))
+    return pre_tokenizer.get("type") == "ByteLevel"
+
+
+def _lowercases(normalizer: dict | None) -> bool:
+    if not normalizer:
+        return False
+    if normalizer.get("type") == "Sequence":
+        return any(_lowercases(part) for part in normalizer.get("normalizers", []))
+    return normalizer.get("type") == "Lowercase" or bool(normalizer.get("lowercase", False))
+
+
+def _with_prefix_space(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy whose byte-level pre-tokeniser puts a space before each word, for words given one by one."""
+    saved = json.loads(tokenizer.to_str())
+
+    def prefixed(pre_tokenizer: dict) -> dict:
+        if pre_tokenizer.get("type") == "Sequence":
+            return {**pre_tokenizer, "pretokenizers": [prefixed(p) for p in pre_tokenizer["pretokenizers"]]}
+        if pre_tokenizer.get("type") == "ByteLevel":
+            return {**pre_tokenizer, "add_prefix_space": True}
+        return pre_tokenizer
+
+    saved["pre_tokenizer"] = prefixed(saved["pre_tokenizer"])
+    return Tokenizer.from_str(json.dumps(saved))
 
 
 def _lowercase_of(directory: Path) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from data_prep.content_identity import shard_set_content
 from pipeline.core.atomic_files import write_atomically
 from pipeline.core.file_stamp import files_sha256
 
@@ -70,11 +71,7 @@ def content_identity(entry: str, run_dir: Path) -> str:
     """What a stage's readers read, as a hash: data prep the shard checksums of its manifest (and the tokenizer);
     pre-training its final checkpoint; export the model directory; fine-tuning its scores."""
     if entry == "data_prep":
-        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
-        tokenizer = manifest.get("tokenizer") or {}
-        record = {"shards": manifest.get("shards"),        # index, rows and each file's size and sha256
-                  "tokenizer": {k: tokenizer.get(k) for k in ("vocab_sha256", "vocab_size", "lowercase")}}
-        return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+        return shard_set_content(json.loads((run_dir / "manifest.json").read_text(encoding="utf-8")))
     if entry == "train":
         checkpoint = run_dir / LAST_CHECKPOINT
         if not checkpoint.exists():                       # nothing for a reader; never the hash of nothing

@@ -7,15 +7,14 @@ to change, not hours into it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from model import PRESETS, BertConfig
+from data_prep.content_identity import shard_set_content
+from model.architectures import EncoderConfig, config_from_preset, family_name, is_modernbert
 from pipeline.core import app, devices
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core.checkpoint_retention import Retention
@@ -35,17 +34,15 @@ _DERIVED_TRAINER_KEYS = ("accumulate_grad_batches", "strategy", "logger", "callb
 log = logging.getLogger("pipeline.pretraining")
 
 
-def model_config_of(cfg: DictConfig) -> BertConfig:
-    """The BertConfig of the model group: a preset, with any field overridden."""
+def model_config_of(cfg: DictConfig) -> EncoderConfig:
+    """The encoder config of the model group (BERT's or ModernBERT's): a preset, with any field overridden."""
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
     for how_it_runs in ("compile", "cuda_graphs"):   # torch.compile and CUDA graphs: how the model runs, not what it is
         fields.pop(how_it_runs, None)
     fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
-    if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(PRESETS)} (conf/training/model/)")
-    return BertConfig.from_preset(name, **fields)
+    return config_from_preset(name, **fields)
 
 
 def _optional_path(cfg: DictConfig, key: str) -> str | None:
@@ -53,7 +50,7 @@ def _optional_path(cfg: DictConfig, key: str) -> str | None:
     return None if value in (None, "") else str(value)
 
 
-def _open_shard_set(cfg: DictConfig, model_config: BertConfig, output_dir: Path):
+def _open_shard_set(cfg: DictConfig, model_config: EncoderConfig, output_dir: Path):
     from pipeline.pretraining.data.shard_set import ShardSet
     from pipeline.pretraining.data.verify import RECORD_NAME
 
@@ -75,7 +72,36 @@ def _open_shard_set(cfg: DictConfig, model_config: BertConfig, output_dir: Path)
         raise ValueError(f"shard set {path} has max_predictions_per_seq={shard_set.max_predictions_per_seq}, but "
                          f"data.max_predictions_per_seq={expected}: these shards were made for another phase; set "
                          f"data.max_predictions_per_seq={shard_set.max_predictions_per_seq} or use the right set")
+    check_documents_for_model(shard_set, model_config, path)
     return shard_set
+
+
+def special_tokens_of_shard_set(model_config: EncoderConfig, shard_set) -> EncoderConfig:
+    """ModernBERT's config names its special tokens' ids (its export's config.json and tokenizer say them, and [PAD]'s
+    embedding row gets no gradient): the ids of the tokenizer the shards were made with. BERT's names none."""
+    if not is_modernbert(model_config):
+        return model_config
+    ids = shard_set.special_tokens
+    return dataclasses.replace(model_config, pad_token_id=ids.pad, cls_token_id=ids.cls, sep_token_id=ids.sep,
+                               mask_token_id=ids.mask)
+
+
+def check_documents_for_model(shard_set, model_config: EncoderConfig, path: str) -> None:
+    """A ModernBERT-class model attends within each packed document, so it needs MLM-only rows that record where
+    their documents start (data prep's objective=mlm, manifest format 3 on). BERT trains on any set."""
+    if not is_modernbert(model_config):
+        return
+    remedy = ("re-run data prep with objective=mlm masking=dynamic into a new directory, e.g. `python "
+              "data_prep/run.py preset=sample_modern inputs='[...]' output_dir=<new dir>` (same tokenizer: "
+              "vocab.file=/tokenizer.file=), then train with data.path=<new dir>")
+    if shard_set.objective != "mlm":
+        raise ValueError(f"shard set {path} holds BERT's sentence pairs with next-sentence labels "
+                         f"(objective={shard_set.objective}); a ModernBERT model trains with masked LM only on packed "
+                         f"documents: {remedy}")
+    if not shard_set.has_document_boundaries:
+        raise ValueError(f"shard set {path} records no document boundaries (made before data prep wrote them, "
+                         f"manifest format {shard_set.manifest.get('format_version')}); a ModernBERT model attends "
+                         f"within each document and would attend across them: {remedy}")
 
 
 def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
@@ -137,7 +163,7 @@ def check_export(cfg: DictConfig) -> None:
                          "callbacks.checkpoint.save_last=true, or export.hf=false")
 
 
-def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, accumulation: int) -> dict[str, Any]:
+def _validation_settings(cfg: DictConfig, shard_set, model_config: EncoderConfig, accumulation: int) -> dict[str, Any]:
     """The Trainer's validation arguments for validation.*, after checking that the held-out set fits the model
     and was tokenized with the training set's vocabulary (else its accuracy would measure another task)."""
     from pipeline.pretraining.data.shard_set import ShardSet
@@ -168,7 +194,7 @@ def _validation_settings(cfg: DictConfig, shard_set, model_config: BertConfig, a
 @dataclasses.dataclass(frozen=True)
 class RunShape:
     """What a pre-training config gives at the number of processes it runs on."""
-    model_config: BertConfig
+    model_config: EncoderConfig
     trainer_cfg: dict[str, Any]
     world_size: int
     micro_batch_size: int        # sequences per forward/backward pass on each process (at most data.micro_batch_size;
@@ -215,6 +241,9 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     Retention.from_config(cfg.callbacks.checkpoint)       # callbacks.checkpoint.keep_*: refused here, not at the start
     from pipeline.pretraining.data.verify import checksum_mode
     checksum_mode(cfg.data.get("verify_checksums", True))
+    if cfg.model.get("fp8") and is_modernbert(model_config):
+        raise ValueError(f"model.fp8=true converts BERT's encoder projections (pipeline/core/fp8.py); it is not built "
+                         f"for the {family_name(model_config)} layers yet: set model.fp8=false")
     if cfg.model.get("fp8"):
         check_fp8_settings(trainer_cfg.get("accelerator", "auto"))   # the card itself is checked at the run's start
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
@@ -255,6 +284,7 @@ class PretrainChecks:
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
         self.shard_set = _open_shard_set(cfg, self.model_config, self.output_dir)
+        self.model_config = special_tokens_of_shard_set(self.model_config, self.shard_set)
         self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)
         # Last, with every setting checked: a resume continues the run its record names, or stops here on every rank
         self.run_record = check_start(self.output_dir, "train", OmegaConf.to_container(cfg, resolve=True),
@@ -267,12 +297,3 @@ class PretrainChecks:
         (earlier versions), which Lightning resumes from without being asked."""
         hpc = sorted(self.output_dir.glob("hpc_ckpt_*.ckpt"))
         return self.ckpt_path or (str(hpc[-1]) if hpc else None)
-
-
-def shard_set_content(manifest: dict[str, Any]) -> str:
-    """The shard set by its content: each shard's rows, size and sha256, and the vocabulary (as the workflow counts
-    a data-prep stage's result: pipeline/orchestration/runs.py content_identity), not the manifest's date."""
-    tokenizer = manifest.get("tokenizer") or {}
-    record = {"shards": manifest.get("shards"),
-              "tokenizer": {k: tokenizer.get(k) for k in ("vocab_sha256", "vocab_size", "lowercase")}}
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()

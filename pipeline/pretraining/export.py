@@ -1,7 +1,8 @@
 """What a finished pre-training run leaves besides checkpoints: its Hugging Face export and its curves.
 
     <output_dir>/hf_export/   config.json, model.safetensors, vocab.txt, tokenizer files: loads with
-                              transformers.BertForPreTraining.from_pretrained (and AutoTokenizer) offline
+                              transformers.BertForPreTraining.from_pretrained (and AutoTokenizer) offline; for a
+                              ModernBERT-class model, transformers.AutoModelForMaskedLM (ModernBertForMaskedLM)
     <output_dir>/curves.png   MLM / NSP / total loss and MLM / NSP accuracy against the optimizer step, from the
                               CSV log (csv/metrics.csv)
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from model import BertForPreTraining
+from model.architectures import PretrainingModel, is_modernbert
 from model.hf_files import export_hf
+from model.modernbert.hf_files import export_modernbert_hf
 from pipeline.core.curves import PLOT_NAME, Panel, plot_curves, read_metrics
 from pipeline.core.weights import HF_EXPORT_DIR
 
@@ -22,9 +24,16 @@ PRETRAINING_PANELS = [Panel("loss", ("train/loss", "train/mlm_loss", "train/nsp_
                       Panel("accuracy", ("train/mlm_acc", "train/nsp_acc"), unit_interval=True)]
 
 
-def export_model(model: BertForPreTraining, output_dir: str | Path, shard_dir: str | Path) -> Path:
+def export_model(model: PretrainingModel, output_dir: str | Path, shard_dir: str | Path) -> Path:
     """The HF export of `model` with the tokenizer of the shard set it was trained on (vocab.txt, tokenizer.json)."""
-    return export_hf(model, Path(output_dir) / HF_EXPORT_DIR, shard_dir)
+    return export_pretraining_hf(model, Path(output_dir) / HF_EXPORT_DIR, shard_dir)
+
+
+def export_pretraining_hf(model: PretrainingModel, out_dir: str | Path, tokenizer: str | Path | None) -> Path:
+    """A pre-training model as the transformers directory of its family (BERT's or ModernBERT's)."""
+    if is_modernbert(model.config):
+        return export_modernbert_hf(model, out_dir, tokenizer)
+    return export_hf(model, out_dir, tokenizer)
 
 
 def plot_pretraining_curves(csv_path: str | Path, output_dir: str | Path) -> Path:
@@ -45,7 +54,7 @@ def export_run(run_dir: Path, output_dir: Path, tokenizer: Path | None = None) -
         raise FileNotFoundError(f"{checkpoint} not found: the run must be a finished pipeline/train.py run directory")
     model = load_pretraining_model(checkpoint)
     tokenizer = tokenizer or run_dir / HF_EXPORT_DIR
-    export_hf(model.eval(), output_dir, tokenizer)
+    export_pretraining_hf(model.eval(), output_dir, tokenizer)
 
     expected, reloaded = model.state_dict(), load_pretraining_model(output_dir).state_dict()
     mismatched = [name for name, tensor in reloaded.items() if not torch.equal(tensor, expected[name])]

@@ -1,4 +1,6 @@
-"""BertPretrainingModule: model/BertForPreTraining inside Lightning, with BERT's pre-training metrics.
+"""BertPretrainingModule: the pre-training model inside Lightning, with BERT's pre-training metrics: model/bert.py's
+BertForPreTraining, or the ModernBERT-class masked LM (model/modernbert/) when the model config is one of those (the
+same batches, outputs and metrics; MLM only, so no NSP metrics).
 
 Metrics (logged every trainer.log_every_n_steps optimizer steps, over all the micro-batches and ranks since the
 last log):
@@ -35,7 +37,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from model import BertConfig, BertForPreTraining
+from model.architectures import config_from_dict, pretraining_model
 from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
 from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
@@ -51,16 +53,17 @@ _LOSS_SLOTS = slice(0, 3)
 class BertPretrainingModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
                  max_steps: int, overfit_batches: int = 0, seed: int = 0, next_sentence_prediction: bool = True):
-        """model_config: BertConfig fields; optimizer / scheduler: the `optimizer` and `scheduler` configs
-        (pipeline/core/optim.py); max_steps: optimizer steps of the run (where the default schedule reaches 0);
+        """model_config: the encoder config's fields (BertConfig's, or ModernBertConfig's with "architecture");
+        optimizer / scheduler: the `optimizer` and `scheduler` configs (pipeline/core/optim.py); max_steps:
+        optimizer steps of the run (where the default schedule reaches 0);
         overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
         the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset); seed: the run's
         seed, which dropout on rank r draws from as seed + r; next_sentence_prediction: False for the MLM-only
         objective (the shard set's manifest says which)."""
         super().__init__()
         self.save_hyperparameters()
-        self.config = BertConfig(**model_config)
-        self.model = BertForPreTraining(self.config, next_sentence_prediction=next_sentence_prediction)
+        self.config = config_from_dict(model_config)
+        self.model = pretraining_model(self.config, next_sentence_prediction=next_sentence_prediction)
         self._window = StatWindow()                 # per-log-window sums, see _LOSS_SLOTS
         self._window_copy: HostCopy | None = None   # a log step's window sums, on their way to the host
         self._grad_norm_copy: HostCopy | None = None

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DeepSpeedStrategy
 
-from model import BertForPreTraining
+from model.architectures import is_modernbert, pretraining_model
 from pipeline.core.callbacks.progress import StepProgressBar
 from pipeline.core.callbacks.run_record import WriteRunRecord
 from pipeline.core.callbacks.sigterm import HostSigtermAgreement
@@ -121,7 +121,9 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         vocab_size=plan.model_config.vocab_size, micro_batch_size=plan.micro_batch_size,
         num_workers=int(cfg.data.get("num_workers", 1)), seed=int(cfg.seed),
         pad_to_multiple_of=fixed_width_padding(cfg.data, cfg.model),
-        val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)))
+        val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)),
+        # ModernBERT attends within each packed document: the batches say where each one is
+        document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"))
     module = BertPretrainingModule(
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
@@ -191,7 +193,7 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
             # The weights trained are the fp32 master weights in the optimizer's partitions: the module holds bf16
             # copies under DeepSpeed's bf16 mode, and under ZeRO-3 only its partition. zero_to_fp32 consolidates
             # them from the final checkpoint (preflight refuses a DeepSpeed export without one).
-            model = BertForPreTraining(plan.model_config, plan.shard_set.has_next_sentence_labels)
+            model = pretraining_model(plan.model_config, plan.shard_set.has_next_sentence_labels)
             load_pretraining_weights(model, last_checkpoint)
         result["hf_export"] = str(export_model(model, output_dir, cfg.data.path))
     log.info("run finished at step %d: %s", trainer.global_step, output_dir)

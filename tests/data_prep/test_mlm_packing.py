@@ -29,7 +29,7 @@ def test_packing_fills_every_sequence_and_covers_the_stream_once_per_copy():
     packed = pack_documents(documents, shard_index=0, max_seq_length=32, dupe_factor=3, seed=1, sep_id=SEP)
     stream_length = 300 + 7 + 51 + 120 + 3                       # three [SEP]s between four documents
     assert len(packed.stream) == stream_length and packed.body_length == 30
-    ids, num_tokens = assemble_packed(packed, slice(None), CLS, SEP, 32)
+    ids, num_tokens, _, _ = assemble_packed(packed, slice(None), CLS, SEP, 32)
     assert (num_tokens == 32).all()                               # every instance full (the last wraps around)
     assert (ids[:, 0] == CLS).all() and (ids[:, -1] == SEP).all()
     per_copy = -(-stream_length // 30)
@@ -47,7 +47,7 @@ def test_packing_fills_every_sequence_and_covers_the_stream_once_per_copy():
 
 def test_a_shard_shorter_than_one_sequence_gives_one_shorter_instance():
     packed = pack_documents(docs(5, 4), shard_index=3, max_seq_length=128, dupe_factor=2, seed=1, sep_id=SEP)
-    ids, num_tokens = assemble_packed(packed, slice(None), CLS, SEP, 128)
+    ids, num_tokens, _, _ = assemble_packed(packed, slice(None), CLS, SEP, 128)
     assert num_tokens.tolist() == [12, 12] and ids[0, :12].tolist().count(SEP) == 2
 
 
@@ -56,7 +56,7 @@ def test_masking_counts_at_each_rate_and_separators_are_never_masked(rate, bert_
     vocab = MaskingVocab.from_tokens(bert_vocab, {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"})
     config = MaskingConfig(rate, 40, packed=True)
     packed = pack_documents(docs(200, 30, 90, 5, 70), 0, 128, 4, seed=7, sep_id=SEP)
-    ids, num_tokens = assemble_packed(packed, slice(None), CLS, SEP, 128)
+    ids, num_tokens, _, _ = assemble_packed(packed, slice(None), CLS, SEP, 128)
     masked = mask_batch(ids, num_tokens, num_tokens - 2, packed.seeds, config, vocab)
     assert (masked.num_masked == num_to_predict(num_tokens, config)).all()
     assert (masked.num_masked == round(128 * rate)).all()        # 19 at 0.15, 38 at 0.30
@@ -78,12 +78,12 @@ def job(corpus, out, *extra):
 
 def test_static_mlm_shards_have_no_nsp_label_and_full_rows(corpus, tmp_path, bert_vocab):
     manifest = job(corpus, tmp_path / "out", "dupe_factor=2", "masked_lm_prob=0.3", "max_predictions_per_seq=38")
-    assert manifest["format_version"] == 2 and manifest["parameters"]["objective"] == "mlm"
+    assert manifest["format_version"] == 3 and manifest["parameters"]["objective"] == "mlm"
     assert "random_next_share" not in manifest["statistics"] and manifest["warnings"] == []
     lengths = []
     for shard in manifest["shards"]:
         table = pq.read_table(tmp_path / "out" / shard["parquet"]["path"])
-        assert table.column_names == ["input_ids", "masked_lm_positions", "masked_lm_ids"]
+        assert table.column_names == ["input_ids", "document_starts", "masked_lm_positions", "masked_lm_ids"]
         rows = table.to_pylist()
         lengths.append([len(r["input_ids"]) for r in rows])
         for r in rows:
@@ -99,7 +99,7 @@ def test_dynamic_mlm_shards_are_unmasked_and_identical_across_runners(corpus, tm
               "--direct_num_workers=2")
     assert [s["parquet"]["sha256"] for s in one["shards"]] == [s["parquet"]["sha256"] for s in two["shards"]]
     table = pq.read_table(tmp_path / "a" / one["shards"][0]["parquet"]["path"])
-    assert table.column_names == ["input_ids"]
+    assert table.column_names == ["input_ids", "document_starts"]   # the hashes above cover both
     assert bert_vocab.index("[MASK]") not in set(
         np.concatenate(table.column("input_ids").to_numpy(zero_copy_only=False)))
 

@@ -7,13 +7,22 @@ The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
   masked_positions, masked_lm_labels          (B, P), P = max_predictions_per_seq; padding slots hold
                                               position 0 and label -100 (ignored by the loss)
   next_sentence_labels                        (B,), 1 = B is random; absent for MLM-only sets (no NSP)
+  document_ids, position_ids                  (B, T), with document_layout=True only: the ordinal of the packed
+                                              document each token belongs to in its row (0, 0, ..., 1, 1, ...;
+                                              -1 at padding), and its position within that document (0 at each
+                                              document start, 0 at padding), so that a model that attends
+                                              within documents (ModernBERT-class) never attends across one. From
+                                              the rows' document_starts (MLM-only sets, manifest format 3 on);
+                                              a row of a set that records none is one document
   token_index                                 (N,) with unpad=True, where a batch has an attention_mask: the flat
                                               indices b * T + t of the real tokens, row by row, then of the first
                                               padding positions up to a rounded N (below); the model's layers
                                               compute on these only (model/unpadding.py)
 Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
 the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
-masked the same way whatever batch, worker or rank it lands in, and differently every epoch. Because a row's
+masked the same way whatever batch, worker or rank it lands in, and differently every epoch. The rate is the
+manifest's unless for_shard_set is given another (masked_lm_prob; ShardSet.masking_config_at says which are
+allowed); never [CLS] nor any [SEP], documents' separators included. Because a row's
 masking does not depend on its batch, the loader masks the rows of many batches at once (mask_rows: the
 per-call numpy overhead of mask_batch is then shared by 64 batches, which makes masking about twice as fast)
 and collates them like static rows; unmasked rows given to the collator are masked per batch, with the same
@@ -56,7 +65,7 @@ import torch
 from data_prep.masking import MaskingConfig, MaskingVocab, mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
 from model.bert import IGNORE_INDEX
-from pipeline.pretraining.data.rows import Rows, concat
+from pipeline.pretraining.data.rows import Rows, concat, gather_lists
 from pipeline.pretraining.data.shard_set import ShardSet
 
 MASK_CHUNK_ROWS = 8192   # at most this many rows per mask_batch call: bounds its (rows, seq) temporaries
@@ -81,7 +90,7 @@ class PretrainingCollator:
     def __init__(self, *, max_seq_length: int, max_predictions_per_seq: int, pad_id: int, masking: str,
                  masking_config: MaskingConfig | None = None, masking_vocab: MaskingVocab | None = None,
                  seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False,
-                 next_sentence_labels: bool = True, unpad: bool = False):
+                 next_sentence_labels: bool = True, unpad: bool = False, document_layout: bool = False):
         if masking not in ("static", "dynamic"):
             raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
         if masking == "dynamic" and (masking_config is None or masking_vocab is None):
@@ -100,12 +109,14 @@ class PretrainingCollator:
         self.return_row_index = return_row_index   # adds "row_index" (B,): for tests and debugging only
         self.next_sentence_labels = next_sentence_labels
         self.unpad = unpad   # adds "token_index" to padded batches (see the module docstring)
+        self.document_layout = document_layout   # adds "document_ids" and "position_ids" (see the module docstring)
 
     @classmethod
-    def for_shard_set(cls, shard_set: ShardSet, **kwargs) -> PretrainingCollator:
+    def for_shard_set(cls, shard_set: ShardSet, masked_lm_prob: float | None = None, **kwargs) -> PretrainingCollator:
+        """The collator of the set's rows; masked_lm_prob: dynamic masking at this rate instead of the manifest's."""
         return cls(max_seq_length=shard_set.max_seq_length, max_predictions_per_seq=shard_set.max_predictions_per_seq,
                    pad_id=shard_set.special_tokens.pad, masking=shard_set.masking,
-                   masking_config=shard_set.masking_config, masking_vocab=shard_set.masking_vocab,
+                   masking_config=shard_set.masking_config_at(masked_lm_prob), masking_vocab=shard_set.masking_vocab,
                    next_sentence_labels=shard_set.has_next_sentence_labels, **kwargs)
 
     def padded_length(self, num_tokens: np.ndarray) -> int:
@@ -136,7 +147,8 @@ class PretrainingCollator:
         return Rows(masked.input_ids[is_token], np.cumsum(num_tokens) - num_tokens, num_tokens, rows.num_tokens_a,
                     rows.next_sentence_label, rows.row_index, masked_positions=masked.positions[is_masked],
                     masked_ids=masked.labels[is_masked], masked_starts=np.cumsum(num_masked) - num_masked,
-                    num_masked=num_masked)
+                    num_masked=num_masked, document_start_values=rows.document_start_values,
+                    document_start_offsets=rows.document_start_offsets, num_documents=rows.num_documents)
 
     def __call__(self, rows: Rows, epoch: int) -> dict[str, torch.Tensor]:
         return {name: torch.from_numpy(array) for name, array in self.arrays(rows, epoch).items()}
@@ -171,6 +183,8 @@ class PretrainingCollator:
         }
         if self.next_sentence_labels:
             batch["next_sentence_labels"] = rows.next_sentence_label
+        if self.document_layout:
+            batch["document_ids"], batch["position_ids"] = document_layout(rows, is_token)
         if is_token.all() and not self.fixed_width:   # no row is padded: no mask (see the module docstring)
             del batch["attention_mask"]
         if self.unpad and "attention_mask" in batch:
@@ -179,6 +193,21 @@ class PretrainingCollator:
         if self.return_row_index:
             batch["row_index"] = rows.row_index
         return {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in batch.items()}
+
+
+def document_layout(rows: Rows, is_token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(document_ids, position_ids), each (B, T): see the module docstring."""
+    n_rows, width = is_token.shape
+    starts = np.zeros((n_rows, width), dtype=bool)                                      # (B, T)
+    if rows.has_documents:
+        positions, _ = gather_lists(rows.document_start_values, rows.document_start_offsets, rows.num_documents)
+        starts[np.repeat(np.arange(n_rows), rows.num_documents), positions] = True
+    else:   # a set that records no boundaries: each row is one document
+        starts[:, 0] = True
+    document_ids = np.cumsum(starts, axis=1) - 1
+    columns = np.arange(width)
+    document_begins = np.maximum.accumulate(np.where(starts, columns[None, :], 0), axis=1)   # (B, T)
+    return np.where(is_token, document_ids, -1), np.where(is_token, columns[None, :] - document_begins, 0)
 
 
 def unpadded_token_index(is_token: np.ndarray, multiple: int) -> np.ndarray:

@@ -11,6 +11,10 @@
   last one trained. Resume with the same world size, num_workers and micro_batch_size (a warning otherwise).
 - unpad=True: padded batches carry the indices of their real tokens, on which the model's layers then compute
   (collator.py, model/unpadding.py); validation batches too.
+- document_layout=True: batches carry document_ids and position_ids, where each packed document of a row is and
+  each token's position in it (collator.py); validation batches too. masked_lm_prob: dynamic masking at this rate
+  instead of the manifest's (dynamic sets only; at most max_predictions_per_seq of a full row); validation too, so
+  that its loss measures the task trained.
 - val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
   share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
   training loader use: a run with validation trains, and resumes, exactly as one without.
@@ -47,7 +51,8 @@ warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` 
 
 class PretrainingDataModule(pl.LightningDataModule):
     def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
-                 seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None, unpad: bool = False):
+                 seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None, unpad: bool = False,
+                 document_layout: bool = False, masked_lm_prob: float | None = None):
         super().__init__()
         self.path = str(path)
         self.val_path = str(val_path) if val_path else None
@@ -58,6 +63,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         self.seed = seed
         self.pad_to_multiple_of = pad_to_multiple_of
         self.unpad = unpad
+        self.document_layout = document_layout
+        self.masked_lm_prob = masked_lm_prob
         self.shard_set: ShardSet | None = None
         self.val_shard_set: ShardSet | None = None
         self.shuffle_plan = epoch_plan.SHUFFLE_PLAN    # a resumed run's: its checkpoint's (load_state_dict)
@@ -73,6 +80,9 @@ class PretrainingDataModule(pl.LightningDataModule):
         if self.val_path is not None and self.val_shard_set is None:
             self.val_shard_set = ShardSet.open(self.val_path, max_seq_length=self.max_seq_length,
                                                vocab_size=self.vocab_size)
+        for shard_set in (self.shard_set, self.val_shard_set):   # a rate a set cannot take: refused now, not later
+            if shard_set is not None:
+                shard_set.masking_config_at(self.masked_lm_prob)
 
     def train_dataloader(self) -> PretrainingDataLoader:
         self.setup()
@@ -80,7 +90,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=self.num_workers, seed=self.seed,
                                      pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan,
-                                     unpad=self.unpad)
+                                     unpad=self.unpad, document_layout=self.document_layout,
+                                     masked_lm_prob=self.masked_lm_prob)
         self._batches_per_epoch = len(dataset)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
@@ -93,7 +104,8 @@ class PretrainingDataModule(pl.LightningDataModule):
         rank, world_size = self._rank_and_world_size()
         dataset = PretrainingDataset(self.val_shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=0, seed=self.seed, pad_to_multiple_of=self.pad_to_multiple_of,
-                                     unpad=self.unpad)
+                                     unpad=self.unpad, document_layout=self.document_layout,
+                                     masked_lm_prob=self.masked_lm_prob)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, lambda: (0, 0), pin_memory=pin_memory_default(device),
                                      generator=torch.Generator().manual_seed(self.seed))

@@ -1,7 +1,7 @@
 """Shard rows as numpy arrays, read from Parquet one row group at a time.
 
-A list column (input_ids, masked_lm_positions, masked_lm_ids) is kept as Arrow stores it, one flat array of
-values, plus each row's start and length in it. Shuffling and batching then select rows by moving only the
+A list column (input_ids, masked_lm_positions, masked_lm_ids, document_starts) is kept as Arrow stores it, one flat
+array of values, plus each row's start and length in it. Shuffling and batching then select rows by moving only the
 per-row arrays; the tokens are touched when the collator gathers a batch into its padded arrays (and,
 for dynamic sets, when runs of rows are masked).
 """
@@ -33,6 +33,11 @@ class Rows:
     masked_ids: np.ndarray | None = None
     masked_starts: np.ndarray | None = None
     num_masked: np.ndarray | None = None
+    # Where each row's packed documents start (positions in the row, ascending, the first 0), where the set records
+    # them (MLM-only rows, manifest format 3 on); None otherwise.
+    document_start_values: np.ndarray | None = None
+    document_start_offsets: np.ndarray | None = None   # (n,) int64: where each row's starts begin in the values
+    num_documents: np.ndarray | None = None            # (n,) int64
 
     def __len__(self) -> int:
         return len(self.num_tokens)
@@ -42,25 +47,36 @@ class Rows:
         """True when the rows carry their masking (and token_values are the masked ids)."""
         return self.masked_positions is not None
 
+    @property
+    def has_documents(self) -> bool:
+        """True when the rows carry their document starts."""
+        return self.document_start_values is not None
+
     def take(self, indices: np.ndarray) -> Rows:
         """These rows, in this order; shares the flat value arrays."""
-        masked = self.is_masked
+        masked, documents = self.is_masked, self.has_documents
         return Rows(self.token_values, self.token_starts[indices], self.num_tokens[indices],
                     self.num_tokens_a[indices], self.next_sentence_label[indices], self.row_index[indices],
                     self.masked_positions, self.masked_ids,
-                    self.masked_starts[indices] if masked else None, self.num_masked[indices] if masked else None)
+                    self.masked_starts[indices] if masked else None, self.num_masked[indices] if masked else None,
+                    self.document_start_values, self.document_start_offsets[indices] if documents else None,
+                    self.num_documents[indices] if documents else None)
 
     def compact(self) -> Rows:
         """A copy holding only these rows' values (for the few rows carried from one run to the next)."""
-        values, starts = _gather_lists(self.token_values, self.token_starts, self.num_tokens)
+        values, starts = gather_lists(self.token_values, self.token_starts, self.num_tokens)
         rows = dataclasses.replace(self, token_values=values, token_starts=starts)
         if self.is_masked:
-            rows.masked_positions, _ = _gather_lists(self.masked_positions, self.masked_starts, self.num_masked)
-            rows.masked_ids, rows.masked_starts = _gather_lists(self.masked_ids, self.masked_starts, self.num_masked)
+            rows.masked_positions, _ = gather_lists(self.masked_positions, self.masked_starts, self.num_masked)
+            rows.masked_ids, rows.masked_starts = gather_lists(self.masked_ids, self.masked_starts, self.num_masked)
+        if self.has_documents:
+            rows.document_start_values, rows.document_start_offsets = gather_lists(
+                self.document_start_values, self.document_start_offsets, self.num_documents)
         return rows
 
 
-def _gather_lists(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gather_lists(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' lists back to back (values[starts[i]:starts[i] + lengths[i]] for each i), and their new starts."""
     new_starts = np.cumsum(lengths) - lengths
     flat = np.repeat(starts - new_starts, lengths) + np.arange(int(lengths.sum()))
     return values[flat], new_starts
@@ -86,6 +102,10 @@ def concat(parts: list[Rows]) -> Rows:
         joined.masked_positions, joined.masked_starts = lists(lambda p: p.masked_positions, lambda p: p.masked_starts)
         joined.masked_ids, _ = lists(lambda p: p.masked_ids, lambda p: p.masked_starts)
         joined.num_masked = rows("num_masked")
+    if parts[0].has_documents:
+        joined.document_start_values, joined.document_start_offsets = lists(
+            lambda p: p.document_start_values, lambda p: p.document_start_offsets)
+        joined.num_documents = rows("num_documents")
     return joined
 
 
@@ -152,6 +172,10 @@ class RowGroupReader:
             next_sentence_label=next_sentence_label,
             row_index=np.arange(first_row + piece.start, first_row + piece.stop, dtype=np.int64),
         )
+        if self.shard_set.has_document_boundaries:
+            result.document_start_values, offsets = _list_column(table.column("document_starts"))
+            result.document_start_offsets = offsets[:-1][rows]
+            result.num_documents = np.diff(offsets)[rows]
         if self.shard_set.masking == "static":
             result.masked_positions, offsets = _list_column(table.column("masked_lm_positions"))
             result.masked_ids, id_offsets = _list_column(table.column("masked_lm_ids"))

@@ -7,6 +7,7 @@ single step runs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -15,18 +16,22 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from data_prep.layout import MANIFEST_NAME, VOCAB_NAME
+from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
 from data_prep.masking import MaskingConfig, MaskingVocab
 from data_prep.vocab import SPECIAL_TOKENS, parse_vocab, vocab_sha256
 
 # Manifest format versions this reader understands. Not data_prep.manifest.FORMAT_VERSION itself: a newer
 # data_prep must be refused until this reader has learnt its format.
-SUPPORTED_FORMAT_VERSIONS = (1, 2)   # 2: the MLM-only objective's rows (no sentence pair, no NSP label)
+# 2: the MLM-only objective's rows (no sentence pair, no NSP label); 3: the same with each row's document_starts.
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
+DOCUMENT_BOUNDARY_VERSION = 3   # MLM-only sets from this version on record where each row's documents start
 MASKING_MODES = ("static", "dynamic")
 OBJECTIVES = ("mlm_nsp", "mlm")
 BASE_COLUMNS = ("input_ids", "num_tokens_a", "next_sentence_label")
 MLM_COLUMNS = ("input_ids",)
+DOCUMENT_COLUMNS = ("document_starts",)
 STATIC_COLUMNS = ("masked_lm_positions", "masked_lm_ids")
+WORDPIECE = "wordpiece"   # the tokenizer kind of a manifest that names none
 # The data_prep presets that write each sequence length (for the messages below).
 _PRESET_FOR_LENGTH = {128: "phase1", 512: "phase2"}
 log = logging.getLogger(__name__)
@@ -87,6 +92,17 @@ class ShardSet:
         return self.objective == "mlm_nsp"
 
     @property
+    def has_document_boundaries(self) -> bool:
+        """True when every row records where its packed documents start (MLM-only rows of format 3 on): what a
+        model that attends within documents needs."""
+        return has_document_boundaries(self.manifest)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """'wordpiece' (BERT's, from vocab.txt) or 'tokenizer.json' (any tokenizer, given as it is)."""
+        return self.manifest["tokenizer"].get("kind", WORDPIECE)
+
+    @property
     def masking(self) -> str:
         """'static' (shards hold masked rows and their labels) or 'dynamic' (the collator masks)."""
         return self.parameters["masking"]
@@ -109,6 +125,25 @@ class ShardSet:
         p = self.parameters
         return MaskingConfig(p["masked_lm_prob"], p["max_predictions_per_seq"], p["whole_word_masking"],
                              packed=self.objective == "mlm")
+
+    def masking_config_at(self, masked_lm_prob: float | None) -> MaskingConfig:
+        """masking_config at another rate (None: the manifest's), for the loader's dynamic masking. The masked
+        positions stay max_predictions_per_seq wide (the batch shape the manifest fixes), so a rate that would mask
+        more of a full row is refused rather than silently capped; static sets carry their masking."""
+        if masked_lm_prob is None:
+            return self.masking_config
+        if self.masking != "dynamic":
+            raise ValueError(f"data.masked_lm_prob={masked_lm_prob}: shard set {self.path} is statically masked "
+                             f"(at masked_lm_prob={self.parameters['masked_lm_prob']}); static shards carry their "
+                             "masking: re-prepare with masking=dynamic, or leave data.masked_lm_prob unset")
+        wanted = round(self.max_seq_length * masked_lm_prob)
+        if wanted > self.max_predictions_per_seq:
+            raise ValueError(f"data.masked_lm_prob={masked_lm_prob} masks {wanted} tokens of a full "
+                             f"{self.max_seq_length}-token row, more than the {self.max_predictions_per_seq} masked "
+                             f"positions of shard set {self.path} (data.max_predictions_per_seq, from its manifest): "
+                             f"lower the rate, or re-run data_prep with max_predictions_per_seq={wanted} (and "
+                             f"train with data.max_predictions_per_seq={wanted})")
+        return dataclasses.replace(self.masking_config, masked_lm_prob=masked_lm_prob)
 
     @property
     def total_rows(self) -> int:
@@ -143,6 +178,7 @@ class ShardSet:
                                  "Nothing was trained.")
             log.info("shard set %s: %s", path, result.describe())
         tokens = _read_vocab(path, manifest)
+        _check_tokenizer_file(path, manifest)
         shards = tuple(ShardFile(_join(path, s["parquet"]["path"]), int(s["rows"])) for s in manifest["shards"])
         row_groups = _row_groups(shards, manifest)
         if int(row_groups.rows.sum()) == 0:
@@ -157,9 +193,14 @@ def objective_of(manifest: dict[str, Any]) -> str:
     return manifest["parameters"].get("objective", "mlm_nsp")   # manifests before the MLM-only objective: pairs
 
 
+def has_document_boundaries(manifest: dict[str, Any]) -> bool:
+    return objective_of(manifest) == "mlm" and manifest.get("format_version", 1) >= DOCUMENT_BOUNDARY_VERSION
+
+
 def columns_of(manifest: dict[str, Any]) -> tuple[str, ...]:
     base = BASE_COLUMNS if objective_of(manifest) == "mlm_nsp" else MLM_COLUMNS
-    return base + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
+    documents = DOCUMENT_COLUMNS if has_document_boundaries(manifest) else ()
+    return base + documents + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
 
 
 def _join(directory: str, name: str) -> str:
@@ -236,6 +277,27 @@ def _read_vocab(path: str, manifest: dict[str, Any]) -> list[str]:
         raise ValueError(f"{vocab_path} has {len(tokens)} tokens but {MANIFEST_NAME} says "
                          f"{manifest['tokenizer']['vocab_size']}")
     return tokens
+
+
+def _check_tokenizer_file(path: str, manifest: dict[str, Any]) -> None:
+    """The set's tokenizer.json against the sha256 its manifest records (sets that record one: all but BERT's
+    sentence pairs of a WordPiece vocabulary, whose tokenizer.json is built from the vocab.txt checked above). A
+    tokenizer.json edited after the job would tokenize fine-tuning text into ids the model never learnt."""
+    section = manifest["tokenizer"]
+    expected = section.get("tokenizer_sha256")
+    if expected is None:
+        return
+    tokenizer_path = _join(path, section.get("tokenizer_file", TOKENIZER_NAME))
+    filesystem, inner = filesystem_and_path(tokenizer_path)
+    try:
+        with filesystem.open_input_stream(inner) as handle:
+            digest = hashlib.sha256(handle.read()).hexdigest()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{tokenizer_path} is missing: the shard set is incomplete; re-run data_prep") from None
+    if digest != expected:
+        raise ValueError(f"{tokenizer_path} differs from the tokenizer ({section.get('kind', WORDPIECE)}) the shards "
+                         f"were written with (sha256 {expected} in {MANIFEST_NAME}, the file's is {digest}); restore "
+                         "it or re-run data_prep")
 
 
 def _row_groups(shards: tuple[ShardFile, ...], manifest: dict[str, Any]) -> RowGroups:

@@ -55,7 +55,7 @@ def ner_features(sentences: datasets.Dataset, tokenizer, label_list, max_seq_len
     features = sentences.map(
         _featurize, batched=True,
         batch_size=None if document_context else 1000,   # context: the whole split is one batch (neighbours)
-        fn_kwargs={"tokenizer": tokenizer.tokenizer, "cls_id": tokenizer.cls_id, "sep_id": tokenizer.sep_id,
+        fn_kwargs={"tokenizer": tokenizer.word_tokenizer, "cls_id": tokenizer.cls_id, "sep_id": tokenizer.sep_id,
                    "unk_id": unk_id, "label_ids": {label: i for i, label in enumerate(label_list)},
                    "max_seq_length": max_seq_length, "document_context": bool(document_context)},
         remove_columns=sentences.column_names, features=FEATURES, new_fingerprint=fingerprint,
