@@ -7,7 +7,8 @@
 Every run is gpu_check.py's `pretrain-128-ddp` row (BERT-Large, seq 128, one process, the recipe's LAMB, bf16-mixed,
 micro-batch 64 x 4 accumulated, 40 optimizer steps), in a process of its own, with one variant's Hydra overrides
 added. The default variants are issue 35's levers, each alone and all together (LEVERS, in the order they run: a
-budget that runs out leaves the last ones out, and says so), and the ZeRO rows against DDP with the same optimizer.
+budget that runs out leaves the last ones out, and says so), the ZeRO rows against DDP with the same optimizer, and
+last ModernBERT-base through the same row (MODERNBERT, below).
 The same row gave 678 to 924 sequences/s in six runs on three fresh machines of one kind (benchmarks/gpu.md), so a
 variant is never compared with a figure from another machine: each round runs the baseline and every variant once on
 this one, in an order rotated by one place a round (no variant always runs first, on the coldest machine), and a
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 from common import REPO_ROOT, at_least_one
-from gpu_check import CPU, GPU, cases, make_shards, profile_table, run_child, summarise
+from gpu_check import BUNDLED_BOOK, CPU, GPU, cases, make_shards, profile_table, run_child, summarise
 
 ROW = "pretrain-128-ddp"
 BASELINE = "baseline"
@@ -50,8 +51,24 @@ LEVERS = {
 GPU_ONLY = ("all", "fp8_compiled", "cuda_graphs")
 
 
-def default_variants(cpu: bool) -> dict[str, tuple[str, ...]]:
-    return {name: overrides for name, overrides in LEVERS.items() if not (cpu and name in GPU_ONLY)}
+# Not a lever of this row: ModernBERT-base (issue 46) on packed rows of 1,024 tokens that record their documents
+# (ModernBERT's phase-1 length), through the same row's trainer, batch and steps, so that its throughput and MFU are
+# measured on the same machine; its ratio to the BERT-Large baseline compares two models, not a lever. The bundled
+# vocabulary (the row's shard sets' and this one's). AdamW at ModernBERT-base's rate (its StableAdamW: issue 47).
+# Last: a budget that runs out leaves it out first. On the CPU: ModernBERT-tiny at 256 tokens.
+MODERNBERT = "modernbert_base"
+
+
+def modernbert_overrides(cpu: bool, shards: Path) -> tuple[str, ...]:
+    seq, predictions = (256, 77) if cpu else (1024, 307)   # 30% of the row
+    return (f"model={'modernbert_tiny' if cpu else 'modernbert_base'}", "model.vocab_size=30522",
+            f"data.path={shards}", f"data.max_seq_length={seq}", f"data.max_predictions_per_seq={predictions}",
+            "optimizer=adamw", "optimizer.lr=8e-4")
+
+
+def default_variants(cpu: bool, modern_shards: Path) -> dict[str, tuple[str, ...]]:
+    levers = {name: overrides for name, overrides in LEVERS.items() if not (cpu and name in GPU_ONLY)}
+    return {**levers, MODERNBERT: modernbert_overrides(cpu, modern_shards)}
 
 
 def variant(text: str) -> tuple[str, tuple[str, ...]]:
@@ -81,6 +98,23 @@ def own_shards(work: Path, cpu: bool) -> Path:
     """gpu_check's own seq-128 set (the bundled sample on a GPU machine, one of its books on the CPU), made once."""
     target = work / "shards128"
     make_shards(CPU if cpu else GPU, target, 128)
+    return target
+
+
+def own_modern_shards(work: Path, cpu: bool) -> Path:
+    """MLM-only shards with document boundaries for the ModernBERT row: the bundled sample at 1,024 tokens on a GPU
+    machine, one of its books at 256 on the CPU; made once."""
+    target = work / "shards_modern"
+    if (target / "manifest.json").exists():
+        return target
+    from data_prep.run import run  # Apache Beam: only when the set is made here
+
+    if cpu:
+        run(["preset=sample_modern", f"inputs=[{{path: '{BUNDLED_BOOK}', format: books}}]", f"output_dir={target}",
+             "max_seq_length=256", "max_predictions_per_seq=77", "num_shards=1", "--runner=DirectRunner",
+             "--direct_running_mode=in_memory"])
+    else:
+        run(["preset=sample_modern", f"output_dir={target}", "max_seq_length=1024", "max_predictions_per_seq=307"])
     return target
 
 
@@ -145,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     if not args.cpu and not torch.cuda.is_available():
         sys.exit("no CUDA device: run on a GPU machine, or pass --cpu for the CPU rehearsal")
-    variants = {BASELINE: (), **(dict(args.variant) if args.variant else default_variants(args.cpu))}
     started = time.perf_counter()
     work = args.workdir.resolve()
     shards = args.shards_128.resolve() if args.shards_128 else own_shards(work, args.cpu)
+    variants = {BASELINE: (), **(dict(args.variant) if args.variant else
+                                 default_variants(args.cpu, own_modern_shards(work, args.cpu)))}
     command = "python benchmarks/gpu_variants.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: {command}", flush=True)
     results: dict[str, list[dict]] = {name: [] for name in variants}

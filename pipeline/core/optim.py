@@ -20,33 +20,48 @@ Optimizers (`optimizer.name`):
   step, and none of this can be switched off; it also JIT-compiles that kernel with nvcc at its first use. A run
   configured with it would train another recipe than the one measured and reported for lamb. lamb is the one LAMB,
   on every device.
+- stable_adamw: pytorch_optimizer.StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for
+  large-scale vision-language models"), ModernBERT's optimizer: AdamW whose step on each tensor is divided by
+  max(1, RMS(g^2 / v)), Adafactor's update clipping. With decouple_lr (default, ModernBERT's decoupled_stableadamw:
+  optimi's StableAdamW(decouple_lr=True)) the weight decay does not scale with the size of the rate: each step
+  multiplies the weights by 1 - weight_decay * lr_t / lr (lr_t the scheduled rate, lr the peak; both divided by the
+  same clipping), which the library's lr-scaled decay gives with weight_decay / lr. Under ZeRO it is refused
+  (pipeline/pretraining/checks.py): ZeRO steps flat partitions of many tensors, so the clipping's per-tensor RMS
+  would be over arbitrary slices.
 Under DeepSpeed ZeRO-Offload (the optimizer step on the CPU) AdamW is deepspeed.ops.adam.DeepSpeedCPUAdam, the same
 update over the same groups: DeepSpeed takes no other optimizer there.
 
-Schedules: linear warmup from 0 to the peak, then (remaining / decay steps) ** power down to 0 at total_steps
-(power 1: linear, as BERT; 0.5: NVIDIA's shape). A LambdaLR stepped once per optimizer step (WarmupDecaySchedule),
-whose checkpointed state is its position only: a resume runs the schedule and the optimizer's rates that the config
-gives, from the checkpoint's step (torch's LambdaLR would restore a callable's fields and the old peak rates over
-them: a run resumed with more steps and another rate trained its new steps at the old schedule's 0). A resume that
-changes them is refused unless accepted (pipeline/core/run_record.py).
+Schedules: linear_warmup, a linear warmup from 0 to the peak, then (remaining / decay steps) ** power down to 0 at
+total_steps (power 1: linear, as BERT; 0.5: NVIDIA's shape); warmup_stable_decay (pipeline/core/warmup_stable_decay.py),
+the peak held after the warmup and a decay over the last decay_steps, which can run as its own phase. Either is a
+LambdaLR stepped once per optimizer step (WarmupDecaySchedule), whose checkpointed state is its position only: a
+resume runs the schedule and the optimizer's rates that the config gives, from the checkpoint's step (torch's
+LambdaLR would restore a callable's fields and the old peak rates over them: a run resumed with more steps and another
+rate trained its new steps at the old schedule's 0). A resume that changes them is refused unless accepted
+(pipeline/core/run_record.py).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-OPTIMIZERS = ("adamw", "lamb")
+from pipeline.core.warmup_stable_decay import warmup_stable_decay
+
+OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
+# Their update is computed per tensor (LAMB's trust ratio, StableAdamW's update clipping): ZeRO would hand them flat
+# partitions of many tensors (pipeline/pretraining/checks.py refuses the combination).
+PER_TENSOR_OPTIMIZERS = ("lamb", "stable_adamw")
 REFUSED_OPTIMIZERS = {
     "fused_lamb": "DeepSpeed's FusedLamb is not this pipeline's LAMB (optimizer=lamb, NVIDIA's BERT recipe): its "
                   "kernel applies the trust ratio to biases and LayerNorm too, clamps it to [0.01, 10] and "
                   "bias-corrects the step, none of which can be switched off, and it compiles with nvcc at its first "
                   "step. Use optimizer=lamb (the same update on the CPU and on GPUs)",
 }
-SCHEDULERS = ("linear_warmup",)
+SCHEDULERS = ("linear_warmup", "warmup_stable_decay")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -130,7 +145,22 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any], offload: bool = Fa
                          grad_averaging=True, max_grad_norm=0.0, pre_norm=False, adam_debias=True)
         optimizer.clamp = float(cfg.get("trust_clamp", 10.0))
         return optimizer
+    if name == "stable_adamw":
+        return _stable_adamw(model, cfg, lr, betas, eps, weight_decay)
     raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
+def _stable_adamw(model: nn.Module, cfg: Mapping[str, Any], lr: float, betas: tuple[float, ...], eps: float,
+                  weight_decay: float) -> torch.optim.Optimizer:
+    from pytorch_optimizer import StableAdamW
+
+    if cfg.get("decouple_lr", True):
+        # the library scales the decay by the (clipped) scheduled rate: / lr leaves lr_t / lr, optimi's decouple_lr
+        weight_decay = weight_decay / lr
+    # kahan_sum (the library's default) acts on bf16/fp16 parameters only (trainer.precision=bf16-true); fp32
+    # parameters, mixed precision's master weights included, step without it.
+    return StableAdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                       weight_decouple=True)
 
 
 def warmup_steps_of(cfg: Mapping[str, Any], total_steps: int) -> int:
@@ -159,8 +189,9 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, power: float = 1.0
     return (remaining / max(1, total_steps - warmup_steps)) ** power
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any],
-                    max_steps: int) -> WarmupDecaySchedule:
+def schedule_factor(cfg: Mapping[str, Any], max_steps: int) -> Callable[[int], float]:
+    """The factor of the peak rate at each optimizer step that a `scheduler` config gives (its total_steps, else
+    max_steps); a bad config is refused here, which preflight calls before anything runs."""
     name = cfg.get("name", "linear_warmup")
     if name not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(SCHEDULERS)}")
@@ -168,10 +199,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any],
     if total <= 0:
         raise ValueError(f"the schedule needs a positive number of steps (trainer.max_steps), got {total}")
     warmup = warmup_steps_of(cfg, total)
+    if name == "warmup_stable_decay":
+        return warmup_stable_decay(cfg, warmup, total)
     power = float(cfg.get("power", 1.0))
     if power < 0 or math.isnan(power):
         raise ValueError(f"scheduler.power must be >= 0, got {power}")
-    return WarmupDecaySchedule(optimizer, _Factor(warmup, total, power))
+    return _Factor(warmup, total, power)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Mapping[str, Any],
+                    max_steps: int) -> WarmupDecaySchedule:
+    return WarmupDecaySchedule(optimizer, schedule_factor(cfg, max_steps))
 
 
 class WarmupDecaySchedule(torch.optim.lr_scheduler.LambdaLR):
@@ -180,10 +218,10 @@ class WarmupDecaySchedule(torch.optim.lr_scheduler.LambdaLR):
     Loading a state, an older checkpoint's too (which holds the factor's fields and the peak rates), takes its
     position only, and puts back what the config gave each parameter group (its rate, the schedule's peak, betas,
     eps, weight decay), over what the optimizer's restore brought back: Lightning restores the optimizer, then the
-    schedule. What an optimizer counts in a group (LAMB's `step`) is not config and stays restored.
+    schedule. What an optimizer counts in a group (LAMB's and StableAdamW's `step`) is not config and stays restored.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, factor: _Factor):
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
         self._configured = [{key: value for key, value in group.items() if key != "params"}
                             for group in optimizer.param_groups]
         super().__init__(optimizer, factor)

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.content_identity import shard_set_content
 from model.architectures import EncoderConfig, config_from_preset, family_name, is_modernbert
+from model.modernbert.config import PRESETS as MODERNBERT_PRESETS
 from pipeline.core import app, devices
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core.checkpoint_retention import Retention
@@ -22,7 +23,7 @@ from pipeline.core.devices import batch_split, is_first_process
 from pipeline.core.fp8 import check_fp8_settings
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
-from pipeline.core.optim import check_optimizer_config, warmup_steps_of
+from pipeline.core.optim import PER_TENSOR_OPTIMIZERS, check_optimizer_config, schedule_factor, warmup_steps_of
 from pipeline.core.run_record import check_start
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
@@ -42,6 +43,8 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     for how_it_runs in ("compile", "cuda_graphs"):   # torch.compile and CUDA graphs: how the model runs, not what it is
         fields.pop(how_it_runs, None)
     fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
+    if name not in MODERNBERT_PRESETS:
+        fields.pop("attention_backend", None)   # ModernBERT's two attention paths; BERT has one
     return config_from_preset(name, **fields)
 
 
@@ -86,6 +89,29 @@ def special_tokens_of_shard_set(model_config: EncoderConfig, shard_set) -> Encod
                                mask_token_id=ids.mask)
 
 
+def check_init_vocabulary(tokenizer_source: Path | None, shard_set, init_from: str) -> None:
+    """Weights mean what they learnt only with the tokenizer they learnt it with: phase 2 from phase 1, or continued
+    pre-training from a transformers directory, refuses shards made with another vocabulary, even one of the same
+    size (which the shard set's own check against model.vocab_size lets through)."""
+    from data_prep.vocab import parse_vocab, tokenizer_json_tokens, vocab_sha256
+
+    if tokenizer_source is None:
+        log.warning("init_from_checkpoint=%s: found no tokenizer beside the weights, so the shard set's vocabulary "
+                    "cannot be checked against theirs", init_from)
+        return
+    source = Path(tokenizer_source)
+    vocab_file = source / "vocab.txt" if source.is_dir() else source
+    if vocab_file.name == "vocab.txt" and vocab_file.is_file():
+        tokens = parse_vocab(vocab_file.read_text(encoding="utf-8"))
+    else:
+        tokens = tokenizer_json_tokens((source / "tokenizer.json").read_text(encoding="utf-8"))
+    if vocab_sha256(tokens) != shard_set.manifest["tokenizer"]["vocab_sha256"]:
+        raise ValueError(f"init_from_checkpoint={init_from} was trained with the tokenizer in {source} and the shard "
+                         f"set {shard_set.path} was made with another vocabulary: the weights' token ids would mean "
+                         f"other tokens. Re-run data prep with that tokenizer (vocab.file={source}/vocab.txt, or "
+                         f"vocab.file=null tokenizer.file={source}/tokenizer.json)")
+
+
 def check_documents_for_model(shard_set, model_config: EncoderConfig, path: str) -> None:
     """A ModernBERT-class model attends within each packed document, so it needs MLM-only rows that record where
     their documents start (data prep's objective=mlm, manifest format 3 on). BERT trains on any set."""
@@ -122,18 +148,22 @@ def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
-    """An optimizer the pipeline does not train with (pipeline/core/optim.py), and LAMB under ZeRO: refused (its
-    trust ratio is per tensor; ZeRO steps flat partitions of many tensors)."""
+    """An optimizer the pipeline does not train with (pipeline/core/optim.py), and LAMB or StableAdamW under ZeRO:
+    refused (LAMB's trust ratio and StableAdamW's update clipping are per tensor; ZeRO steps flat partitions of many
+    tensors: zero/stage_1_and_2.py gives the optimizer one flat fp32 partition per group). Without ZeRO (stage 0)
+    DeepSpeed steps the client optimizer over the model's own tensors, or their fp32 copies under bf16."""
     check_optimizer_config(cfg.optimizer)
     strategy = cfg.get("strategy") or {}
     if strategy.get("name") != "deepspeed":
         return
     stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
-    if cfg.optimizer.name == "lamb" and stage >= 1:
+    if cfg.optimizer.name in PER_TENSOR_OPTIMIZERS and stage >= 1:
+        what = ("LAMB's per-tensor trust ratio" if cfg.optimizer.name == "lamb" else
+                "StableAdamW's per-tensor update clipping (the RMS of g^2 / v over each tensor)")
         raise ValueError(
             f"optimizer={cfg.optimizer.name} with DeepSpeed ZeRO stage {stage}: ZeRO hands the optimizer flattened "
-            "partitions of many tensors, so LAMB's per-tensor trust ratio would be computed over arbitrary slices "
-            "(DeepSpeed lists no LAMB among its ZeRO-supported optimizers). Use strategy=ddp with LAMB "
+            f"partitions of many tensors, so {what} would be computed over arbitrary slices (DeepSpeed lists "
+            f"neither among its ZeRO-supported optimizers). Use strategy=ddp with optimizer={cfg.optimizer.name} "
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
 
 
@@ -231,6 +261,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
                          f"got {max_steps}")
     schedule_steps = int(cfg.scheduler.get("total_steps") or max(max_steps, 1))
     warmup_steps = warmup_steps_of(cfg.scheduler, schedule_steps)
+    schedule_factor(cfg.scheduler, schedule_steps)     # the whole schedule's settings, refused now if wrong
     seq = int(cfg.data.max_seq_length)
     if seq > model_config.max_position_embeddings:
         raise ValueError(f"data.max_seq_length={seq} exceeds the model's max_position_embeddings="

@@ -33,8 +33,8 @@ from pipeline.core.fp8 import apply_fp8
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
 from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
 from pipeline.core.strategies import build_strategy
-from pipeline.core.weights import CHECKPOINT_DIR, load_pretraining_weights
-from pipeline.pretraining.checks import PretrainChecks
+from pipeline.core.weights import CHECKPOINT_DIR, load_pretrained, load_pretraining_weights
+from pipeline.pretraining.checks import PretrainChecks, check_init_vocabulary
 from pipeline.pretraining.compiled import apply_compile_settings, fixed_width_padding
 from pipeline.pretraining.data.datamodule import PretrainingDataModule
 from pipeline.pretraining.export import export_model, plot_pretraining_curves
@@ -133,7 +133,9 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         apply_fp8(module.model)   # refuses a device without FP8 first
     apply_compile_settings(module.model, cfg.model)   # model.compile: the whole model, in place (names unchanged)
     if plan.init_from is not None and plan.ckpt_path is None:
-        load_pretraining_weights(module.model, plan.init_from)
+        pretrained = load_pretrained(plan.init_from)
+        check_init_vocabulary(pretrained.tokenizer_source, plan.shard_set, plan.init_from)
+        load_pretraining_weights(module.model, plan.init_from, pretrained)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
 
     run_config = OmegaConf.to_container(cfg, resolve=True)

@@ -48,9 +48,10 @@ def test_variants_run_beside_the_baseline_in_rotated_rounds(benchmark_script, be
 @pytest.mark.slow
 def test_the_levers_rehearse_on_the_cpu_with_a_profile_of_each(benchmark_script, benchmarks_importable, tmp_path,
                                                                  torch_extensions_dir):
-    """The default variants (issue 35's levers) at tiny sizes, one round: every lever that runs without a GPU runs
-    and gets its row and its profiled step; FP8 and CUDA graphs are the GPU's only."""
-    from gpu_variants import GPU_ONLY, LEVERS
+    """The default variants (issue 35's levers, then ModernBERT through the same row) at tiny sizes, one round: every
+    lever that runs without a GPU runs and gets its row and its profiled step; FP8 and CUDA graphs are the GPU's
+    only."""
+    from gpu_variants import GPU_ONLY, LEVERS, MODERNBERT
 
     done = benchmark_script("gpu_variants.py", "--cpu", "--workdir", str(tmp_path),
                             TORCH_EXTENSIONS_DIR=torch_extensions_dir)
@@ -59,7 +60,7 @@ def test_the_levers_rehearse_on_the_cpu_with_a_profile_of_each(benchmark_script,
     table, profiles = text.split("Step 2 of each variant's first run, profiled:")
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| variant |")]
-    assert [row[0] for row in rows] == ["baseline", *(name for name in LEVERS if name not in GPU_ONLY)]
+    assert [row[0] for row in rows] == ["baseline", *(name for name in LEVERS if name not in GPU_ONLY), MODERNBERT]
     assert all(row[2] == "1" for row in rows), rows                # each ran once
     names = [row[0] for row in rows]
     profiled = [line for line in profiles.splitlines() if line.startswith("| ") and "CPU operators" in line]

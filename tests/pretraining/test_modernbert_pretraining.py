@@ -152,3 +152,18 @@ def test_a_resume_continues_the_same_masks_and_losses(modern_sets, modern_run, t
     ours, uninterrupted = last_validation(resumed["csv"]), last_validation(result["csv"])
     assert ours["step"] == uninterrupted["step"]
     assert (ours["val/mlm_loss"], ours["val/mlm_acc"]) == (uninterrupted["val/mlm_loss"], uninterrupted["val/mlm_acc"])
+
+
+def test_continued_pretraining_refuses_shards_of_another_vocabulary(modern_run, modern_sets, shared_data,
+                                                                    tmp_path_factory, tiny_overrides):
+    """The same size, two tokens swapped: the shard set's own check (vocab_size) passes, the weights' would not."""
+    _, run_dir = modern_run
+    tokens = (modern_sets[0] / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    tokens[1000], tokens[1001] = tokens[1001], tokens[1000]
+    swapped = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    swapped.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    other = _prepare(shared_data, tmp_path_factory, "chesterton-thursday.txt", "other_vocab", f"vocab.file={swapped}")
+    out = tmp_path_factory.mktemp("continued") / "out"
+    cfg = compose("train", tiny_overrides(other, out, 3, *MODERN_MODEL, f"init_from_checkpoint={run_dir}"))
+    with pytest.raises(ValueError, match="made with another vocabulary"):
+        train(cfg)
