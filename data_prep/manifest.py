@@ -22,6 +22,7 @@ from data_prep.plan import JobPlan
 from data_prep.shard_files import shard_settings
 from data_prep.stats import InstanceStats
 from data_prep.vocab import WORDPIECE
+from data_prep.whole_files import write_whole
 
 FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objective mlm_nsp)
 # objective mlm: rows of input_ids (and masking) only. 2: as first written; 3: with each row's document_starts
@@ -29,6 +30,10 @@ FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objectiv
 # version it does not know.
 MLM_FORMAT_VERSION = 3
 _HASH_CHUNK_BYTES = 4 << 20
+
+
+class UnreadableManifest(ValueError):
+    """A manifest.json that is there but is not a whole manifest (cut off, or not JSON): the set cannot be used."""
 
 
 def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> dict[str, Any]:
@@ -92,9 +97,10 @@ def tokenizer_section(plan: JobPlan) -> dict[str, Any]:
 
 
 def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> str:
+    """Written whole or not at all: a job killed while writing it leaves the set's earlier manifest (or none), never
+    a cut-off one that training would read as a broken set."""
     path = FileSystems.join(plan.config.output_dir, MANIFEST_NAME)
-    with FileSystems.create(path) as handle:
-        handle.write(json.dumps(build_manifest(shards, plan, counts), indent=2).encode("utf-8"))
+    write_whole(path, json.dumps(build_manifest(shards, plan, counts), indent=2).encode("utf-8"))
     return path
 
 
@@ -103,7 +109,20 @@ def read_manifest(shard_dir: str) -> dict[str, Any]:
     if not FileSystems.exists(path):
         raise FileNotFoundError(f"no {MANIFEST_NAME} in {shard_dir}: not a shard set written by data_prep")
     with FileSystems.open(path) as handle:
-        return json.loads(handle.read().decode("utf-8"))
+        data = handle.read()
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except ValueError as error:     # JSONDecodeError, UnicodeDecodeError
+        manifest, why = None, f"{type(error).__name__}: {error}"
+    else:
+        why = f"JSON of type {type(manifest).__name__}, not an object"
+    if not isinstance(manifest, dict):
+        # A data prep killed while writing it (before manifests were written whole), a full disk, a partial copy.
+        raise UnreadableManifest(
+            f"{path} is not a whole manifest ({len(data)} bytes; {why}): the shard set in {shard_dir} cannot be "
+            f"used as it is. Re-run data prep into it (python data_prep/run.py ... output_dir={shard_dir}) to write "
+            "its shards and manifest again.")
+    return manifest
 
 
 def existing_manifest(shard_dir: str) -> dict[str, Any] | None:

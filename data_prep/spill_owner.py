@@ -32,6 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PortableOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
 
+from data_prep.process_start import process_alive, process_start
 from data_prep.spill import remove_spill, spill_dir
 
 log = logging.getLogger(__name__)
@@ -79,41 +80,10 @@ def owner_of_this_launcher(options) -> SpillOwner:
         cloud = options.view_as(GoogleCloudOptions)
         check = f"gcloud dataflow jobs describe JOB_ID --project={cloud.project} --region={cloud.region}"
     return SpillOwner(runner=name, host=socket.gethostname(), pid=os.getpid(),
-                      process_start=_process_start(os.getpid()),
+                      process_start=process_start(os.getpid()),
                       started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                       in_launcher=in_launcher, check_command=check, slurm_job=os.environ.get("SLURM_JOB_ID"),
                       slurm_restarts=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
-
-
-def _proc_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat from field 3 (the state) on; field 22, the start in clock ticks since boot, is [19]. None: no
-    such process, or no /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> str | None:
-    fields = _proc_fields(pid)
-    return fields[19] if fields else None
-
-
-def _process_alive(pid: int, recorded_start: str | None) -> bool:
-    """Whether the process that recorded itself still runs (a reused pid does not count, where /proc says so)."""
-    fields = _proc_fields(pid)
-    if fields is not None:
-        return fields[0] not in ("Z", "X") and (recorded_start is None or fields[19] == recorded_start)
-    if os.path.isdir("/proc/self"):
-        return False          # Linux, and no such process
-    try:                      # elsewhere: whether the pid exists at all
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def write_owner(output_dir: str, owner: SpillOwner) -> None:
@@ -148,7 +118,7 @@ def job_has_ended(owner: SpillOwner) -> tuple[bool, str]:
                        + (f"ask it: {owner.check_command.replace('JOB_ID', str(owner.job_id))}"
                           if owner.check_command and owner.job_id else "ask the runner whether it still runs"))
     if owner.host == socket.gethostname():
-        if not _process_alive(owner.pid, owner.process_start):
+        if not process_alive(owner.pid, owner.process_start):
             return True, f"its launcher (process {owner.pid} on {owner.host}) is gone, and the job with it"
         return False, f"its launcher, process {owner.pid} on {owner.host}, still runs"
     running = _slurm_attempt_running(owner.slurm_job, owner.slurm_restarts) if owner.slurm_job else None

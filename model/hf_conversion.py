@@ -167,14 +167,22 @@ def hf_task_config_dict(model: TaskModel, id2label: Mapping[int | str, str] | Se
     """
     _check_task_model(model)
     values = {**hf_config_dict(model.config), "architectures": [type(model).__name__]}
-    if isinstance(model, BertForQuestionAnswering):
+    kind = {BertForQuestionAnswering: "question_answering", BertForSequenceClassification: "sequence_classification",
+            BertForTokenClassification: "token_classification", BertForMultipleChoice: "multiple_choice"}[type(model)]
+    return with_task_labels(values, kind, model, id2label)
+
+
+def with_task_labels(values: dict, kind: str, model, id2label: Mapping[int | str, str] | Sequence[str] | None) -> dict:
+    """`values` (a task model's config.json) with its labels, as hf_task_config_dict says, for the task heads of
+    either family. kind: question_answering, sequence_classification, token_classification or multiple_choice."""
+    if kind == "question_answering":
         if id2label is not None:
             raise ValueError(f"a question-answering model has no labels (its 2 outputs are the start and end "
                              f"scores), got id2label {id2label!r}")
         return values
-    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+    if kind in ("sequence_classification", "token_classification"):
         names = _label_names(id2label, model.num_labels)
-        if isinstance(model, BertForSequenceClassification):
+        if kind == "sequence_classification":
             # Set, so that transformers does not infer it from the labels' dtype (float labels would make a
             # classifier "multi_label_classification").
             values["problem_type"] = "regression" if model.is_regression else "single_label_classification"

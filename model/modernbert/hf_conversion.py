@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from model.hf_conversion import _label_names, short_list
+from model.hf_conversion import short_list, with_task_labels
 from model.modernbert.config import ModernBertConfig
 from model.modernbert.heads import (
     ModernBertForMultipleChoice,
@@ -109,23 +109,11 @@ def hf_task_config_dict(model: TaskModel, id2label: Mapping[int | str, str] | Se
     (model.hf_conversion.hf_task_config_dict): label names for the classifiers, none for question answering."""
     _check_task_model(model)
     values = {**hf_config_dict(model.config), "architectures": [type(model).__name__]}
-    if isinstance(model, ModernBertForQuestionAnswering):
-        if id2label is not None:
-            raise ValueError(f"a question-answering model has no labels (its 2 outputs are the start and end "
-                             f"scores), got id2label {id2label!r}")
-        return values
-    if isinstance(model, (ModernBertForSequenceClassification, ModernBertForTokenClassification)):
-        names = _label_names(id2label, model.num_labels)
-        if isinstance(model, ModernBertForSequenceClassification):
-            values["problem_type"] = "regression" if model.is_regression else "single_label_classification"
-    elif id2label is not None:
-        names = _label_names(id2label, len(id2label))
-    else:
-        return values
-    values["num_labels"] = len(names)
-    values["id2label"] = {str(i): name for i, name in enumerate(names)}
-    values["label2id"] = {name: i for i, name in enumerate(names)}
-    return values
+    kind = {ModernBertForQuestionAnswering: "question_answering",
+            ModernBertForSequenceClassification: "sequence_classification",
+            ModernBertForTokenClassification: "token_classification",
+            ModernBertForMultipleChoice: "multiple_choice"}[type(model)]
+    return with_task_labels(values, kind, model, id2label)
 
 
 def config_from_hf(hf_config) -> ModernBertConfig:

@@ -2,8 +2,9 @@
 file that names its holder, a SLURM job (`job_id`) or a process (`host`, `pid`), created whole and exclusively (a
 hard link to a file already written: atomic on local disks, NFS, Lustre and GPFS alike, and no reader sees it half
 written). Whoever finds it held asks whether the holder is gone: a job SLURM no longer runs, or a process that has
-ended on this host. Then the lock is taken over (of two taking it over at once, one wins). A process on another host
-cannot be checked from here: the caller refuses, naming the file to remove.
+ended on this host (pids are reused: a live process under its pid that started at another time than the holder's
+recorded `process_start` is not it). Then the lock is taken over (of two taking it over at once, one wins). A process
+on another host cannot be checked from here: the caller refuses, naming the file to remove.
 
 Used for the workflow's launch lock (pipeline/orchestration/lock.py) and a training's run directory
 (pipeline/core/run_dir_lock.py)."""
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from data_prep.process_start import process_alive
 from pipeline.core.slurm_jobs import ACTIVE_STATES, QueueError, job_state
 
 Holder = dict[str, Any]
@@ -25,14 +27,13 @@ class LockContended(RuntimeError):
     """Others kept taking the lock while this process tried to."""
 
 
-def alive(pid: Any) -> bool:
+def alive(pid: Any, recorded_start: str | None = None) -> bool:
+    """Whether the process `pid` on this host runs and, where its start was recorded, is still the one that recorded
+    it (not another that got its pid since)."""
     try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, TypeError, ValueError):
+        return process_alive(int(pid), recorded_start)
+    except (TypeError, ValueError):
         return False
-    except PermissionError:                  # another user's process
-        return True
-    return True
 
 
 def holder_state(holder: Holder) -> tuple[bool | None, str]:
@@ -47,7 +48,11 @@ def holder_state(holder: Holder) -> tuple[bool | None, str]:
         return state in ACTIVE_STATES, f"job {holder['job_id']} is {state}"
     if holder.get("host") != socket.gethostname():
         return None, f"its process (on {holder.get('host')}) cannot be seen from this host"
-    return (True, "its process is alive") if alive(holder.get("pid")) else (False, "its process has ended")
+    if alive(holder.get("pid"), holder.get("process_start")):
+        return True, "its process is alive"
+    if alive(holder.get("pid")):
+        return False, f"its process has ended (pid {holder.get('pid')} is now another process)"
+    return False, "its process has ended"
 
 
 class HolderLock:

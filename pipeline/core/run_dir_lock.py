@@ -11,9 +11,11 @@ never starts them). The lock is released when the run ends, also when it fails; 
 keeps it for its job's next start.
 
 A holder is gone when SLURM no longer runs its job, or its process has ended on this host: its lock is then taken
-over, and the log says so. A start of the same job is the same trainer (a requeue, or a restart inside the job),
-unless the holder is another live process of that job on this host. A process on another host without a job id
-cannot be checked from here: the refusal names the lock file to remove once that trainer is known to be gone.
+over, and the log says so. A live process under the holder's pid that started at another time than the holder
+recorded is not the holder (pids are reused: a restarted container's trainer is pid 1 again). A start of the same
+job is the same trainer (a requeue, or a restart inside the job), unless the holder is another live process of that
+job on this host. A process on another host without a job id cannot be checked from here: the refusal names the lock
+file to remove once that trainer is known to be gone.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from data_prep.process_start import process_start
 from pipeline.core.devices import is_first_process
 from pipeline.core.holder_lock import Holder, HolderLock, LockContended, alive, holder_state
 
@@ -39,7 +42,7 @@ class RunDirInUse(RuntimeError):
 
 
 def this_trainer() -> Holder:
-    holder: Holder = {"host": socket.gethostname(), "pid": os.getpid(),
+    holder: Holder = {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid()),
                       "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
     if os.environ.get("SLURM_JOB_ID"):
         holder.update(job_id=os.environ["SLURM_JOB_ID"], restart=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
@@ -60,7 +63,7 @@ def _same_job(holder: Holder, me: Holder) -> bool:
     if not me.get("job_id") or str(holder.get("job_id")) != str(me["job_id"]):
         return False
     other_process_here = (holder.get("restart") == me["restart"] and holder.get("host") == me["host"]
-                          and holder.get("pid") != me["pid"] and alive(holder.get("pid")))
+                          and holder.get("pid") != me["pid"] and alive(holder.get("pid"), holder.get("process_start")))
     return not other_process_here
 
 
@@ -72,11 +75,14 @@ class RunDirLock:
 
     def acquire(self) -> None:
         me = this_trainer()
+        gone_because = ""                    # what holder_state saw of a holder taken over, for the log
 
         def refuse(current: Holder) -> None:
+            nonlocal gone_because
             if _same_job(current, me):
                 return
             is_alive, seen = holder_state(current)
+            gone_because = seen
             held = f"run directory {self.output_dir} is in use by {describe(current)}"
             if is_alive:
                 stop = f"scancel {current['job_id']}" if current.get("job_id") else f"kill {current.get('pid')}"
@@ -90,7 +96,7 @@ class RunDirLock:
         except LockContended as error:
             raise RunDirInUse(str(error)) from None
         if taken_from is not None and not _same_job(taken_from, me):
-            log.info("took over %s from %s: it is gone", self.file.path, describe(taken_from))
+            log.info("took over %s from %s: it is gone (%s)", self.file.path, describe(taken_from), gone_because)
         self.holder = me
 
     def release(self) -> None:

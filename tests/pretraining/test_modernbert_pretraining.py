@@ -167,3 +167,34 @@ def test_continued_pretraining_refuses_shards_of_another_vocabulary(modern_run, 
     cfg = compose("train", tiny_overrides(other, out, 3, *MODERN_MODEL, f"init_from_checkpoint={run_dir}"))
     with pytest.raises(ValueError, match="made with another vocabulary"):
         train(cfg)
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_bitwise_after_sigkill(modern_sets, tmp_path):
+    """2 CPU processes (DDP over gloo, a loader worker each) on packed rows with online masking: killed with SIGKILL
+    after the checkpoint of step 2, resumed from it, both ranks' losses of every micro-batch after it equal an
+    uninterrupted run's, bit for bit."""
+    from tests.helpers.training import run_two_rank_training
+    from tests.pretraining.test_train_resume_two_ranks import overrides, records
+
+    train_set, _ = modern_sets
+    steps, every = 4, 2
+
+    def settings(output_dir, *extra):
+        return overrides(train_set, output_dir, *MODERN_MODEL, f"trainer.max_steps={steps}",
+                         f"callbacks.checkpoint.every_n_train_steps={every}", *extra)
+
+    straight_out, resumed_out = tmp_path / "straight_records", tmp_path / "resumed_records"
+    straight = run_two_rank_training(tmp_path, straight_out, settings(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr[-6000:]
+    killed = run_two_rank_training(tmp_path, resumed_out, settings(tmp_path / "resumed"), kill_at_step=every + 1)
+    assert killed.returncode != 0, killed.stderr[-6000:]
+    checkpoint = tmp_path / "resumed" / "checkpoints" / f"step{every:07d}.ckpt"
+    resumed = run_two_rank_training(tmp_path, resumed_out, settings(tmp_path / "resumed", f"ckpt_path={checkpoint}"))
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    for rank in (0, 1):
+        _, expected = records(straight_out, rank)
+        _, got = records(resumed_out, rank)
+        after = sorted(key for key in expected if key[0] >= every)
+        assert len(after) == 2 * (steps - every)
+        assert [got[key]["loss"] for key in after] == [expected[key]["loss"] for key in after], f"rank {rank}"
