@@ -78,3 +78,31 @@ class Workflow:
         assert result.returncode == 0, result.stdout + result.stderr
         return {line.split()[0]: line.split(None, 1)[1] for line in result.stdout.splitlines()
                 if line.startswith("  ") and line.split()[0] in (*STAGES,)}
+
+
+def phase1_stage_on_shards(tmp_path: Path, shards: Path, phase1_overrides: str, sitecustomize: str,
+                           monkeypatch) -> tuple[Path, dict]:
+    """The tiny workflow launched in tmp_path/wf with prep_phase1 recorded as finished on `shards` (a real phase-1
+    set standing in for its output), and `sitecustomize` on the PYTHONPATH of the processes the stage starts (where a
+    test hooks the real training's fit). Returns the workflow root and its launch, for run_stage(launch,
+    "pretrain_phase1", ...)."""
+    from pipeline.orchestration import runs
+    from pipeline.orchestration.launch import write_launch
+    from pipeline.orchestration.stage_config import stage_specs
+    from pipeline.orchestration.workflow_config import Stage, load_workflow
+
+    root = tmp_path / "wf"
+    workflow = load_workflow(["+workflow=tiny", f"workflow.root={root}", phase1_overrides])
+    launch = runs.read_json(write_launch(workflow, stage_specs(workflow, check_shapes=False), REPO_ROOT))
+    prep = Stage.from_dict(launch["stages"]["prep_phase1"])
+    prep_dir = root / "prep_phase1" / runs.version_name(prep.identity, {})
+    shutil.copytree(shards, prep_dir)
+    runs.write_json(prep_dir / runs.RECORD, {"identity": prep.identity, "finished": runs.now(), "content": "shards"})
+    runs.point_current(root / "prep_phase1", prep_dir)
+    runs.write_json(runs.sentinel_path(root, "prep_phase1"), {"content": "shards"})
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(sitecustomize)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    return root, launch

@@ -6,16 +6,11 @@ The kill comes from a `sitecustomize` module of the test's own on PYTHONPATH, wh
 the stage's training process: it adds a callback to the real pipeline/pretraining/run.py's fit."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
-from pipeline.orchestration.launch import write_launch
-from pipeline.orchestration.stage_config import stage_specs
 from pipeline.orchestration.stage_runner import LOG_NAME, run_stage
-from pipeline.orchestration.workflow_config import Stage, load_workflow
+from tests.helpers.workflows import phase1_stage_on_shards
 
 PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=6','scheduler.warmup_steps=2',"
           "'data.global_batch_size=4','data.micro_batch_size=4','data.num_workers=0',"
@@ -43,23 +38,8 @@ run.train = lambda cfg, extra_callbacks=(): train(cfg, extra_callbacks=[*extra_c
 
 @pytest.mark.slow
 def test_a_pretraining_stage_killed_after_a_checkpoint_runs_again_from_it(tmp_path, small_shards, monkeypatch):
-    root = tmp_path / "wf"
-    workflow = load_workflow(["+workflow=tiny", f"workflow.root={root}", PHASE1])
-    launch = runs.read_json(write_launch(workflow, stage_specs(workflow, check_shapes=False), REPO_ROOT))
-    # prep_phase1 as finished: its run directory holding a real phase-1 shard set
-    prep = Stage.from_dict(launch["stages"]["prep_phase1"])
-    prep_dir = root / "prep_phase1" / runs.version_name(prep.identity, {})
-    shutil.copytree(small_shards, prep_dir)
-    runs.write_json(prep_dir / runs.RECORD, {"identity": prep.identity, "finished": runs.now(), "content": "shards"})
-    runs.point_current(root / "prep_phase1", prep_dir)
-    runs.write_json(runs.sentinel_path(root, "prep_phase1"), {"content": "shards"})
-
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    monkeypatch.setenv("PYTHONPATH", str(site))
+    root, launch = phase1_stage_on_shards(tmp_path, small_shards, PHASE1, SITECUSTOMIZE, monkeypatch)
     monkeypatch.setenv("KILLED_MARKER", str(tmp_path / "killed"))
-    monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     run_stage(launch, "pretrain_phase1", str(tmp_path / "rule.log"))      # raises StageError when the stage fails
 

@@ -6,16 +6,11 @@ standing in for prep_phase1's output; its training process sends itself a real S
 tests/orchestration/test_stage_restarts.py kills it."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from pipeline.core.app import REPO_ROOT
 from pipeline.orchestration import runs
-from pipeline.orchestration.launch import write_launch
-from pipeline.orchestration.stage_config import stage_specs
 from pipeline.orchestration.stage_runner import StageError, run_stage
-from pipeline.orchestration.workflow_config import Stage, load_workflow
+from tests.helpers.workflows import phase1_stage_on_shards
 
 PHASE1 = ("workflow.stages.pretrain_phase1.overrides=['trainer.max_steps=30','scheduler.warmup_steps=2',"
           "'data.global_batch_size=4','data.micro_batch_size=4','data.num_workers=0',"
@@ -41,22 +36,7 @@ run.train = lambda cfg, extra_callbacks=(): train(cfg, extra_callbacks=[*extra_c
 
 @pytest.mark.slow
 def test_a_pretraining_stage_stopped_by_sigterm_is_not_finished(tmp_path, small_shards, monkeypatch):
-    root = tmp_path / "wf"
-    workflow = load_workflow(["+workflow=tiny", f"workflow.root={root}", PHASE1])
-    launch = runs.read_json(write_launch(workflow, stage_specs(workflow, check_shapes=False), REPO_ROOT))
-    # prep_phase1 as finished: its run directory holding a real phase-1 shard set
-    prep = Stage.from_dict(launch["stages"]["prep_phase1"])
-    prep_dir = root / "prep_phase1" / runs.version_name(prep.identity, {})
-    shutil.copytree(small_shards, prep_dir)
-    runs.write_json(prep_dir / runs.RECORD, {"identity": prep.identity, "finished": runs.now(), "content": "shards"})
-    runs.point_current(root / "prep_phase1", prep_dir)
-    runs.write_json(runs.sentinel_path(root, "prep_phase1"), {"content": "shards"})
-
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    monkeypatch.setenv("WANDB_MODE", "disabled")
+    root, launch = phase1_stage_on_shards(tmp_path, small_shards, PHASE1, SITECUSTOMIZE, monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     try:
         run_stage(launch, "pretrain_phase1", str(tmp_path / "rule.log"))
