@@ -9,11 +9,14 @@ import dataclasses
 import os
 from typing import Any
 
-from data_prep.readers import FORMATS
+from data_prep.readers import FORMATS, MAX_LINE_CHARS
 
 OUTPUT_FORMATS = ("parquet", "tfrecord")
 OBJECTIVES = ("mlm_nsp", "mlm")
 INTERPOLATION_ONLY_KEYS = ("corpus_root",)  # presets may define these to build paths; they shape nothing
+# Keys the presets leave at their default, so that a workflow's stage identity (its composed config) stays what it
+# was before they existed; Hydra sets them with a leading '+' (+max_line_chars=N).
+KEYS_NOT_IN_PRESETS = ("max_line_chars",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +59,9 @@ class PrepConfig:
     num_shards: int | None = None  # None: one per `shard_target_mb` of (estimated) raw text
     shard_target_mb: float = 64.0
     output_formats: tuple[str, ...] = ("parquet",)
+    # Longer lines (and sentences) are not prose, and tokenizing one takes ~16 bytes per byte: skipped and counted
+    # (line_too_long, sentence_too_long; data_prep.readers._io.MAX_LINE_CHARS says why this default).
+    max_line_chars: int = MAX_LINE_CHARS
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> PrepConfig:
@@ -106,6 +112,8 @@ class PrepConfig:
             problems.append(f"dupe_factor must be >= 1, got {self.dupe_factor}")
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"num_shards must be >= 1 or null (auto), got {self.num_shards}")
+        if self.max_line_chars < 1:
+            problems.append(f"max_line_chars must be >= 1, got {self.max_line_chars}")
         if self.shard_target_mb <= 0:
             problems.append(f"shard_target_mb must be > 0, got {self.shard_target_mb}")
         bad_formats = [f for f in self.output_formats if f not in OUTPUT_FORMATS]

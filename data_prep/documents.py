@@ -19,6 +19,17 @@ class SkipReason(str, enum.Enum):
     EMPTY_DOCUMENT = "empty_document"            # nothing left after cleaning
     DISAMBIGUATION = "disambiguation"            # a Wikipedia page that only lists other pages ("X may refer to:")
     NO_TOKENS = "no_tokens"                      # text that tokenizes to nothing (counted by the tokenizing step)
+    LINE_TOO_LONG = "line_too_long"              # a line of more than max_line_chars characters: not read
+    SENTENCE_TOO_LONG = "sentence_too_long"      # a sentence (joined from shorter lines) over max_line_chars: not
+                                                 # tokenized (counted by the tokenizing step)
+
+
+INPUT_PROBLEMS = frozenset(reason.value for reason in (
+    SkipReason.EMPTY_FILE, SkipReason.BINARY_FILE, SkipReason.UNREADABLE_FILE, SkipReason.CORRUPT_COMPRESSION,
+    SkipReason.MALFORMED_XML, SkipReason.MALFORMED_RECORD, SkipReason.LINE_TOO_LONG, SkipReason.SENTENCE_TOO_LONG,
+))
+"""The reasons that say an input file is not what it should be (the others filter content): the end-of-job summary
+names the files they come from."""
 
 
 class Repair(str, enum.Enum):

@@ -1,8 +1,9 @@
 """manifest.json: the contract between data_prep and training.
 
 It records every parameter that shaped the data, the tokenizer and its hash, the row schema, per-shard row
-counts and checksums, totals, the statistics, and everything skipped or repaired, by reason. Training opens a
-shard set through it and refuses one whose parameters do not fit its config.
+counts and checksums, totals, the statistics, and everything skipped or repaired, by reason (and which files each
+skip reason came from). Training opens a shard set through it and refuses one whose parameters do not fit its
+config. A job that made no instance writes none (data_prep.no_instances).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from data_prep.plan import JobPlan
 from data_prep.shard_files import shard_settings
 from data_prep.stats import InstanceStats
 from data_prep.vocab import WORDPIECE
+from data_prep.where_skipped import SkipNote, skipped_where
 from data_prep.whole_files import write_whole
 
 FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objective mlm_nsp)
@@ -36,7 +38,13 @@ class UnreadableManifest(ValueError):
     """A manifest.json that is there but is not a whole manifest (cut off, or not JSON): the set cannot be used."""
 
 
-def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> dict[str, Any]:
+def counts_by_reason(counts: dict[str, int], kind: str) -> dict[str, int]:
+    """The ``skipped`` or ``repaired`` counts by reason, from the job's counters ('skipped/binary_file': 2, ...)."""
+    return {name.split("/", 1)[1]: value for name, value in sorted(counts.items()) if name.startswith(f"{kind}/")}
+
+
+def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int], notes: list[SkipNote] = ()
+                   ) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s["index"])
     stats = InstanceStats()
     for shard in shards:
@@ -73,8 +81,9 @@ def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) ->
         },
         "statistics": statistics,
         "warnings": [w for w in (stats.random_next_warning(plan.config.random_next_prob),) if w and with_nsp],
-        "skipped": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("skipped/")},
-        "repaired": {k.split("/", 1)[1]: v for k, v in sorted(counts.items()) if k.startswith("repaired/")},
+        "skipped": counts_by_reason(counts, "skipped"),
+        "skipped_where": skipped_where(notes),     # which files, per reason (data_prep.where_skipped)
+        "repaired": counts_by_reason(counts, "repaired"),
     }
 
 
@@ -96,11 +105,11 @@ def tokenizer_section(plan: JobPlan) -> dict[str, Any]:
     return section
 
 
-def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int]) -> str:
+def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int], notes: list[SkipNote] = ()) -> str:
     """Written whole or not at all: a job killed while writing it leaves the set's earlier manifest (or none), never
     a cut-off one that training would read as a broken set."""
     path = FileSystems.join(plan.config.output_dir, MANIFEST_NAME)
-    write_whole(path, json.dumps(build_manifest(shards, plan, counts), indent=2).encode("utf-8"))
+    write_whole(path, json.dumps(build_manifest(shards, plan, counts, notes), indent=2).encode("utf-8"))
     return path
 
 

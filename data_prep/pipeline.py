@@ -4,6 +4,8 @@
                                        `-----------> KeepCounts ----------------------------------------+
     WriteManifest <- CollectManifestParts <- JoinManifestParts <----------------------------------------'
 
+WriteManifest writes no manifest for a job that made no instance: data_prep.no_instances says why instead.
+
 Each input file is one unit of parallel work; each shard (a random bucket of documents) is another. The tokenized
 documents never pass through the graph: each file's reader spills them to disk in blocks by bucket (data_prep.spill)
 and the graph groups the blocks' references, so no step holds more than one bucket, whatever the corpus size.
@@ -27,21 +29,30 @@ import time
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from data_prep.documents import Repair, Skip
+from data_prep.documents import INPUT_PROBLEMS, Document, Repair, Skip, SkipReason
 from data_prep.manifest import write_manifest
+from data_prep.no_instances import write_no_instances_report
 from data_prep.plan import InputFile, JobPlan
 from data_prep.readers import read_documents
 from data_prep.seeding import stable_seed
 from data_prep.shard_files import shard_settings, write_shard
 from data_prep.spill import SpillWriter, read_blocks, spill_path
-from data_prep.tokenization import TokenizerJsonEncoder, WordPieceEncoder, tokenize_document
+from data_prep.tokenization import (
+    TokenizerJsonEncoder,
+    WordPieceEncoder,
+    document_sentences,
+    sentences_within,
+    tokenize_sentences,
+)
 from data_prep.vocab import TOKENIZER_JSON
+from data_prep.where_skipped import FileSkips
 
 log = logging.getLogger(__name__)
 # What an element of ReadAndTokenize's output or of the manifest's input is: (kind, payload).
 BLOCK = "block"         # (shard index, BlockRef): one input file's documents of that shard, on disk
 COUNT = "count"         # (counter name, value) for one input file
 SHARD = "shard"         # a written shard's manifest entry
+SKIPPED_IN = "skipped_in"   # (reason, source name, count, first detail) for one input file (data_prep.where_skipped)
 _REPAIRS = {repair.value for repair in Repair}
 
 
@@ -51,7 +62,8 @@ def counter_name(skip: Skip) -> str:
 
 class ReadAndTokenize(beam.DoFn):
     """One input file -> its tokenized documents spilled to disk, (BLOCK, (shard index, BlockRef)) elements
-    saying where each shard's part lies, then (COUNT, (name, value)) elements saying what happened in the file."""
+    saying where each shard's part lies, then (COUNT, (name, value)) and (SKIPPED_IN, note) elements saying what
+    happened in the file."""
 
     def __init__(self, plan: JobPlan):
         self.plan = plan
@@ -69,15 +81,20 @@ class ReadAndTokenize(beam.DoFn):
     def process(self, input_file: InputFile):
         started = time.perf_counter()
         counts: collections.Counter = collections.Counter(files=1)
+        skips = FileSkips(input_file.source_name)
+        max_line_chars = self.plan.config.max_line_chars
         spill = SpillWriter(spill_path(self.plan.config.output_dir, input_file.path), self.token_dtype)
         for item in read_documents(input_file.path, input_file.format, input_file.source_name,
-                                   text_column=input_file.text_column):
+                                   text_column=input_file.text_column, max_line_chars=max_line_chars):
             if isinstance(item, Skip):
                 counts[counter_name(item)] += item.count
+                skips.add(item)
                 continue
-            document = tokenize_document(item, self.encoder)
+            document, skipped = self.tokenize(item, input_file.source_name, max_line_chars)
+            for skip in skipped:
+                counts[counter_name(skip)] += skip.count
+                skips.add(skip)
             if document is None:
-                counts["skipped/no_tokens"] += 1
                 continue
             counts["documents"] += 1
             counts["sentences"] += len(document.sentence_ends)
@@ -89,9 +106,27 @@ class ReadAndTokenize(beam.DoFn):
         for name, value in counts.items():
             Metrics.counter("data_prep", name).inc(value)
             yield COUNT, (name, value)
+        for note in skips.notes():
+            reason, source, count, detail = note
+            if reason in INPUT_PROBLEMS:
+                log.warning("%s: %d skipped as %s%s", source, count, reason, f" ({detail})" if detail else "")
+            yield SKIPPED_IN, note
         skipped = sum(v for k, v in counts.items() if k.startswith("skipped/"))
         log.info("read %s: %d documents, %d skipped, %d tokens in %.1f s", input_file.source_name,
                  counts["documents"], skipped, counts["input_tokens"], time.perf_counter() - started)
+
+    def tokenize(self, item: Document, source_name: str, max_line_chars: int):
+        """(the tokenized document or None, the Skips of what was left out of it)."""
+        sentences, too_long = sentences_within(document_sentences(item), max_line_chars)
+        skipped = []
+        if too_long:
+            skipped.append(Skip(SkipReason.SENTENCE_TOO_LONG.value, source_name, count=len(too_long),
+                                detail=f"document {item.key}: longer than max_line_chars={max_line_chars:,}, "
+                                       f"the longest {max(too_long):,} characters"))
+        document = tokenize_sentences(item.key, sentences, self.encoder)
+        if document is None:
+            skipped.append(Skip(SkipReason.NO_TOKENS.value, source_name, detail=f"document {item.key}"))
+        return document, skipped
 
 
 class WriteShards(beam.DoFn):
@@ -118,19 +153,23 @@ def payloads_of_kind(element: tuple[str, object], kind: str):
         yield element[1]
 
 
-def is_count(element: tuple[str, object]) -> bool:
-    return element[0] == COUNT
+def is_file_report(element: tuple[str, object]) -> bool:
+    return element[0] in (COUNT, SKIPPED_IN)
 
 
 def write_manifest_from_parts(parts: list[tuple[str, object]], plan: JobPlan) -> str:
-    """The manifest from every shard's entry and every file's counts (summed here: a few per input file)."""
+    """The manifest from every shard's entry and every file's counts (summed here: a few per input file) and skip
+    notes; for a job that made no instance, the report of data_prep.no_instances instead."""
     shards = [payload for kind, payload in parts if kind == SHARD]
+    notes = [payload for kind, payload in parts if kind == SKIPPED_IN]
     counts: collections.Counter = collections.Counter()
     for kind, payload in parts:
         if kind == COUNT:
             name, value = payload
             counts[name] += value
-    return write_manifest(shards, plan, dict(counts))
+    if not sum(shard["rows"] for shard in shards):
+        return write_no_instances_report(shards, plan, dict(counts), notes)
+    return write_manifest(shards, plan, dict(counts), notes)
 
 
 def build_pipeline(pipeline: beam.Pipeline, plan: JobPlan) -> None:
@@ -146,7 +185,7 @@ def build_pipeline(pipeline: beam.Pipeline, plan: JobPlan) -> None:
         | "GroupIntoShards" >> beam.GroupByKey()
         | "WriteShards" >> beam.ParDo(WriteShards(plan))
     )
-    counts = read | "KeepCounts" >> beam.Filter(is_count)
+    counts = read | "KeepCounts" >> beam.Filter(is_file_report)
     (
         (shards, counts)
         | "JoinManifestParts" >> beam.Flatten()

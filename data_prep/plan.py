@@ -187,18 +187,20 @@ def load_or_train_vocab(config: PrepConfig, files: tuple[InputFile, ...]) -> tup
             return parse_vocab(handle.read().decode("utf-8")), config.vocab.file
     log.info("training a %d-token WordPiece vocabulary on up to %.0f MB of the corpus",
              config.vocab.size, config.vocab.sample_mb)
-    tokens = train_vocab(_vocab_sample(files, config.vocab.sample_mb), config.vocab.size,
+    tokens = train_vocab(_vocab_sample(files, config.vocab.sample_mb, config.max_line_chars), config.vocab.size,
                          config.vocab.lowercase, config.vocab.min_frequency)
     return tokens, "trained"
 
 
-def _vocab_sample(files: tuple[InputFile, ...], sample_mb: float) -> Iterator[str]:
-    """Paragraphs from the start of every file, an equal share of the budget each, so all sources are seen."""
+def _vocab_sample(files: tuple[InputFile, ...], sample_mb: float, max_line_chars: int) -> Iterator[str]:
+    """Paragraphs from the start of every file, an equal share of the budget each, so all sources are seen; read as
+    the job reads them (lines over max_line_chars left out)."""
     per_file = sample_mb * 1e6 / max(len(files), 1)
     for input_file in files:
         taken = 0
         documents = (item for item in read_documents(input_file.path, input_file.format, input_file.source_name,
-                                                     text_column=input_file.text_column) if isinstance(item, Document))
+                                                     text_column=input_file.text_column, max_line_chars=max_line_chars)
+                     if isinstance(item, Document))
         for paragraph in itertools.chain.from_iterable(doc.paragraphs for doc in documents):
             yield paragraph
             taken += len(paragraph)

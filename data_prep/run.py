@@ -33,7 +33,7 @@ from hydra.errors import HydraException  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from data_prep.config import PrepConfig  # noqa: E402
+from data_prep.config import KEYS_NOT_IN_PRESETS, PrepConfig  # noqa: E402
 from data_prep.dask_cluster import (  # noqa: E402
     DaskSettings,
     check_runner_choice,
@@ -41,8 +41,9 @@ from data_prep.dask_cluster import (  # noqa: E402
     release_runner_client,
     started_cluster,
 )
-from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
+from data_prep.layout import MANIFEST_NAME, NO_INSTANCES_NAME, TOKENIZER_NAME, VOCAB_NAME  # noqa: E402
 from data_prep.manifest import existing_manifest, read_manifest  # noqa: E402
+from data_prep.no_instances import NoInstances, check_instances_made  # noqa: E402
 from data_prep.pipeline import build_pipeline  # noqa: E402
 from data_prep.plan import JobPlan, make_plan, tokenizer_json_text  # noqa: E402
 from data_prep.presets import DEFAULT_PRESET, PRESET_DIR, compose_config, split_preset  # noqa: E402
@@ -55,6 +56,7 @@ from data_prep.spill_owner import (  # noqa: E402
     write_owner,
 )
 from data_prep.vocab import text_sha256, vocab_text  # noqa: E402
+from data_prep.where_skipped import input_problem_lines  # noqa: E402
 
 log = logging.getLogger("data_prep")
 
@@ -104,7 +106,7 @@ def prepare_output(plan: JobPlan, tokens: list[str], owner: SpillOwner) -> None:
     if "://" not in out:
         os.makedirs(out, exist_ok=True)
     report_leftover_spill(out)   # again: another launcher may have started since the plan
-    stale = FileSystems.match([FileSystems.join(out, "shard-*"), FileSystems.join(out, MANIFEST_NAME)])
+    stale = FileSystems.match([FileSystems.join(out, name) for name in ("shard-*", MANIFEST_NAME, NO_INSTANCES_NAME)])
     old = [m.path for result in stale for m in result.metadata_list]
     if old:
         log.info("removing %d files of a previous run in %s", len(old), out)
@@ -144,7 +146,8 @@ def execute_on_cluster(plan: JobPlan, tokens: list[str], dask: DaskSettings, bea
 
 
 def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started: float | None = None) -> dict:
-    """Run the pipeline to completion; returns the manifest it wrote, with the wall time since `started`."""
+    """Run the pipeline to completion; returns the manifest it wrote, with the wall time since `started`.
+    Raises NoInstances (data_prep.no_instances) when the job made no instance: it wrote no manifest."""
     started = time.perf_counter() if started is None else started
     log.info("%d input files, %d shards, vocabulary of %d (%s) -> %s", len(plan.files), plan.num_shards,
              plan.vocab_size, plan.vocab_source, plan.config.output_dir)
@@ -166,6 +169,7 @@ def execute(plan: JobPlan, tokens: list[str], options: PipelineOptions, started:
     finally:
         # The tokenized documents go once the job has ended (the shards hold what was made of them), not before.
         settle_spill(plan.config.output_dir, owner, result, error)
+    check_instances_made(plan.config.output_dir)
     manifest = read_manifest(plan.config.output_dir)
     manifest["wall_seconds"] = time.perf_counter() - started
     manifest["beam_counters"] = beam_counters(result)
@@ -197,6 +201,7 @@ def format_summary(manifest: dict) -> str:
         f"documents read      {totals['documents']:>12,}   from {totals['files']} files",
         f"documents skipped   {sum(manifest['skipped'].values()):>12,}   "
         + (", ".join(f"{k}: {v:,}" for k, v in manifest["skipped"].items()) or "none"),
+        *(f"  {line}" for line in input_problem_lines(manifest.get("skipped_where", {}))),
         "repaired            " + (", ".join(f"{k}: {v:,}" for k, v in manifest["repaired"].items()) or "none"),
         f"sentences           {totals['sentences']:>12,}",
         f"input tokens        {totals['input_tokens']:>12,}",
@@ -236,7 +241,8 @@ def help_text() -> str:
         if field.name in ("vocab", "tokenizer"):
             continue
         default = "required" if field.default is dataclasses.MISSING else f"default {field.default!r}"
-        keys.append(f"  {field.name:<26}{default}")
+        how = f"   (not in the presets: +{field.name}=...)" if field.name in KEYS_NOT_IN_PRESETS else ""
+        keys.append(f"  {field.name:<26}{default}{how}")
     return "\n".join([
         "usage: python data_prep/run.py [preset=NAME] [key=value ...] [--beam_option=value ...]",
         "",
@@ -280,8 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as error:  # bad options, config, inputs or a spill in use: nothing started
         print(f"data_prep: error: {error}", file=sys.stderr)
         return 2
-    with worker_stderr_filtered():
-        manifest = execute_on_cluster(plan, tokens, dask, beam_args, started)
+    try:
+        with worker_stderr_filtered():
+            manifest = execute_on_cluster(plan, tokens, dask, beam_args, started)
+    except NoInstances as error:   # the job ran and made nothing to train on
+        print(f"data_prep: error: {error}", file=sys.stderr)
+        return 1
     print(format_summary(manifest))
     print(f"shards, tokenizer and {MANIFEST_NAME} in {plan.config.output_dir}")
     return 0

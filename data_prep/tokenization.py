@@ -67,13 +67,31 @@ def document_sentences(document: Document) -> list[str]:
     return split_paragraphs_into_sentences(document.paragraphs)
 
 
+def sentences_within(sentences: list[str], max_chars: int) -> tuple[list[str], list[int]]:
+    """The sentences of at most ``max_chars`` characters, and the lengths of the others.
+
+    Readers bound lines, but a sentence can be longer: joined from a book's or a record's lines with no blank line or
+    sentence end among them. Handed to tokenizers whole, one costs ~16 bytes per byte (data_prep.readers._io).
+    """
+    if all(len(sentence) <= max_chars for sentence in sentences):
+        return sentences, []
+    return ([sentence for sentence in sentences if len(sentence) <= max_chars],
+            [len(sentence) for sentence in sentences if len(sentence) > max_chars])
+
+
 def tokenize_document(document: Document, encoder: WordPieceEncoder | TokenizerJsonEncoder
                       ) -> TokenizedDocument | None:
     """The document's sentences as ids; sentences that tokenize to nothing are dropped; None if all do."""
-    ids = encoder.encode(document_sentences(document))
+    return tokenize_sentences(document.key, document_sentences(document), encoder)
+
+
+def tokenize_sentences(key: str, sentences: list[str], encoder: WordPieceEncoder | TokenizerJsonEncoder
+                       ) -> TokenizedDocument | None:
+    """A document's sentences (``document_sentences``) as ids; as ``tokenize_document``."""
+    ids = encoder.encode(sentences)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     total = int(lengths.sum())
     if total == 0:
         return None
     flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=total)
-    return TokenizedDocument(document.key, flat, np.cumsum(lengths[lengths > 0]))
+    return TokenizedDocument(key, flat, np.cumsum(lengths[lengths > 0]))

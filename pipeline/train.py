@@ -12,7 +12,10 @@ The run itself: pipeline/pretraining/run.py. Under SLURM, a run stopped by the r
 exits with 130, one stopped by SIGTERM (`kill`, `scancel`, an eviction) with 143: 128 + the signal's number, as a
 shell reports it. Not Lightning's 1 of any failure: what restarts a failed training (pipeline/core/restarts.py) must
 not start again a run that somebody stopped. And never 0, Lightning's for SIGTERM: the workflow
-(pipeline/orchestration/stage_runner.py) would record the unfinished run as the stage's result.
+(pipeline/orchestration/stage_runner.py) would record the unfinished run as the stage's result. A run refused before
+it starts (a resume that changes what shapes the run, a run directory in use or not writable, a checkpoint it may not
+read, a setting the checks in pipeline/pretraining/checks.py refuse) prints the reason alone to stderr and exits with
+2 (pipeline.core.app.refused): nothing starts it again.
 """
 import signal
 import sys
@@ -20,11 +23,12 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from pipeline.core import app  # noqa: F401  (first: silences known noise, registers the config resolvers)
+from pipeline.core import app  # first: silences known noise, registers the config resolvers
 from pipeline.core.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
 STOPPED_BY: list[int] = []    # SIGINT, once received
+START_CHECKS = ("pipeline.pretraining.checks",)   # their ValueError or OSError refuses the run (app.refused)
 
 
 def _note_interrupt(signum: int, frame) -> None:
@@ -42,9 +46,11 @@ def main(cfg: DictConfig) -> None:
         # Lightning stops the fit at a step boundary and raises this SystemExit without a code: exit 0, a finished
         # run's status. A requeue never ends here: its ranks ignore SIGTERM from the save on (requeue.py).
         sys.exit(128 + signal.SIGTERM)
-    except BaseException:
+    except BaseException as error:
         if STOPPED_BY:    # Lightning turns Ctrl-C into sys.exit(1), as any failure: say it was a stop
             sys.exit(128 + STOPPED_BY[0])
+        if app.refused(error, START_CHECKS):
+            app.exit_refused(error)
         raise
     if result["requeued"]:
         sys.exit(REQUEUED_EXIT_CODE)

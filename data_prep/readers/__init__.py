@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from data_prep.documents import Document, Skip
+from data_prep.readers._io import MAX_LINE_CHARS
 
-__all__ = ["FORMATS", "detect_format", "format_from_content", "format_from_name", "read_documents"]
+__all__ = ["FORMATS", "MAX_LINE_CHARS", "detect_format", "format_from_content", "format_from_name", "read_documents"]
 
 FORMATS = ("wikipedia", "wikiextractor", "books", "sentences", "jsonl", "parquet")
 
@@ -77,9 +78,13 @@ def format_from_name(path: str) -> str:
 
 
 def read_documents(
-    path: str, fmt: str, source_name: str, *, text_column: str = "text"
+    path: str, fmt: str, source_name: str, *, text_column: str = "text", max_line_chars: int = MAX_LINE_CHARS
 ) -> Iterator[Document | Skip]:
-    """Documents and skips of one file.  ``fmt`` must be one of :data:`FORMATS` (else ``ValueError``: a bug)."""
+    """Documents and skips of one file.  ``fmt`` must be one of :data:`FORMATS` (else ``ValueError``: a bug).
+
+    Lines over ``max_line_chars`` are left out and counted (``line_too_long``) by every reader of lines; a MediaWiki
+    dump is XML, whose pages the tokenizing step bounds by sentence instead.
+    """
     if fmt == "wikipedia":
         from data_prep.readers.wikipedia import read_wikipedia
 
@@ -87,21 +92,21 @@ def read_documents(
     if fmt == "wikiextractor":
         from data_prep.readers.wikiextractor import read_wikiextractor
 
-        return read_wikiextractor(path, source_name)
+        return read_wikiextractor(path, source_name, max_line_chars)
     if fmt == "books":
         from data_prep.readers.books import read_book
 
-        return read_book(path, source_name)
+        return read_book(path, source_name, max_line_chars)
     if fmt == "sentences":
         from data_prep.readers.sentences import read_sentences
 
-        return read_sentences(path, source_name)
+        return read_sentences(path, source_name, max_line_chars)
     if fmt == "jsonl":
         from data_prep.readers.tabular import read_jsonl
 
-        return read_jsonl(path, source_name, text_column)
+        return read_jsonl(path, source_name, text_column, max_line_chars)
     if fmt == "parquet":
         from data_prep.readers.tabular import read_parquet
 
-        return read_parquet(path, source_name, text_column)
+        return read_parquet(path, source_name, text_column, max_line_chars)
     raise ValueError(f"unknown input format {fmt!r}; expected one of {FORMATS}")

@@ -11,13 +11,24 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
-from data_prep.documents import SkipReason
+from data_prep.documents import Skip, SkipReason
 
 READ_SIZE = 1 << 20
 """Bytes asked of the file per read."""
 
 OUTPUT_SIZE = 1 << 18
 """At most this many decompressed bytes per step, so that a tiny, very compressible input cannot balloon."""
+
+MAX_LINE_CHARS = 1_000_000
+"""The longest line of text a reader takes (the default of data prep's ``max_line_chars``); longer lines are skipped
+and counted as ``line_too_long``, never assembled.
+
+Real prose is far below it: sentences run to a few hundred characters, the longest paragraphs in print to some
+tens of thousands, a chapter written as one line to about 100,000. What is above it is not text to learn from (an
+encoded blob, minified data, a dump without line breaks), and it costs: tokenizers keeps ~16 bytes of offsets per
+byte of a sentence (a 200 MB line asked for 3.2 GB and aborted the worker), and the readers' clean-up splits a line
+into words. At the bound a line costs a worker some tens of MB at most.
+"""
 
 COMPRESSED_LAG = 2 << 20
 """Decompressed bytes held back from the consumer until this many more have been decompressed cleanly.
@@ -213,36 +224,88 @@ def sampled_sizes(path: str, limit: int) -> tuple[int, int]:
     return raw, len(data)
 
 
-def read_all(path: str) -> bytes:
-    """The whole (decompressed) content of a file that is small enough to hold, such as one book."""
-    return b"".join(iter_bytes(path))
+class LongLine:
+    """In place of a line longer than the bound of :func:`iter_lines`: its length in bytes, not its bytes."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
 
 
-def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Split a chunk stream into lines at ``\\n`` (a trailing ``\\r`` is dropped too); linear in the line length."""
+def _without_cr(line: bytes) -> bytes:
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def iter_lines(chunks: Iterable[bytes], max_bytes: int | None = None) -> Iterator[bytes | LongLine]:
+    """Split a chunk stream into lines at ``\\n`` (a trailing ``\\r`` is dropped too); linear in the line length.
+
+    A line of more than ``max_bytes`` bytes comes out as a :class:`LongLine`: its bytes are let go as they arrive, so
+    the caller never holds more than ``max_bytes`` of a line, whatever its length.
+    """
+    limit = float("inf") if max_bytes is None else max_bytes
     pending: list[bytes] = []
+    size = 0   # of the line being assembled, the bytes let go included
     for chunk in chunks:
-        pieces = chunk.split(b"\n")
-        if len(pieces) == 1:
-            pending.append(chunk)
-            continue
-        pending.append(pieces[0])
-        first = b"".join(pending)
-        yield first[:-1] if first.endswith(b"\r") else first
-        for piece in pieces[1:-1]:
-            yield piece[:-1] if piece.endswith(b"\r") else piece
-        pending = [pieces[-1]] if pieces[-1] else []
-    if pending:
-        last = b"".join(pending)
-        yield last[:-1] if last.endswith(b"\r") else last
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            size += len(complete[0])
+            yield LongLine(size) if size > limit else _without_cr(b"".join([*pending, complete[0]]))
+            for piece in complete[1:]:
+                yield LongLine(len(piece)) if len(piece) > limit else _without_cr(piece)
+            pending, size = [], 0
+        size += len(rest)
+        if size > limit:
+            pending = []
+        elif rest:
+            pending.append(rest)
+    if size:
+        yield LongLine(size) if size > limit else _without_cr(b"".join(pending))
+
+
+def lf_line_ends(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The chunk stream with every line end as ``\\n``: ``\\r\\n`` and a lone ``\\r`` (old Mac files) too, so that a
+    line is the same thing in every file (a Mac file is not one line of the whole file's length)."""
+    after_cr = False
+    for chunk in chunks:
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]   # the LF of a CRLF cut between chunks: the CR already ended the line
+        after_cr = chunk.endswith(b"\r")
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if chunk:
+            yield chunk
 
 
 class LineStats:
-    """What :func:`text_lines` saw: repaired (non-UTF-8) lines, and whether any line had text."""
+    """What :func:`text_lines` saw: repaired (non-UTF-8) lines, whether any line had text, and the lines it left out
+    for being longer than its bound (how many, the first few line numbers, the longest in bytes)."""
+
+    SHOWN_LONG_LINES = 5
 
     def __init__(self) -> None:
         self.repaired = 0
         self.content = False
+        self.long_lines = 0
+        self.long_line_numbers: list[int] = []
+        self.longest_bytes = 0
+
+    def count_long_line(self, number: int, size: int) -> None:
+        self.content = True
+        self.long_lines += 1
+        if len(self.long_line_numbers) < self.SHOWN_LONG_LINES:
+            self.long_line_numbers.append(number)
+        self.longest_bytes = max(self.longest_bytes, size)
+
+    def long_line_skip(self, source_name: str, max_line_chars: int) -> Skip | None:
+        """The counted ``Skip`` of the long lines left out (the file is its source), saying where; None if none."""
+        if not self.long_lines:
+            return None
+        more = self.long_lines - len(self.long_line_numbers)
+        where = ", ".join(map(str, self.long_line_numbers)) + (f" and {more:,} more" if more else "")
+        return Skip(SkipReason.LINE_TOO_LONG.value, source_name, count=self.long_lines,
+                    detail=f"line{'s' if self.long_lines > 1 else ''} {where} longer than "
+                           f"max_line_chars={max_line_chars:,}, the longest {self.longest_bytes:,} bytes")
 
 
 def _sniffed(chunks: Iterator[bytes], size: int) -> tuple[bytes, Iterator[bytes]]:
@@ -262,10 +325,12 @@ def _sniffed(chunks: Iterator[bytes], size: int) -> tuple[bytes, Iterator[bytes]
     return b"".join(head)[:size], again()
 
 
-def text_lines(path: str, stats: LineStats) -> Iterator[tuple[int, str]]:
+def text_lines(path: str, stats: LineStats, max_line_chars: int = MAX_LINE_CHARS) -> Iterator[tuple[int, str]]:
     """``(line number from 1, decoded line without its line end)`` for a line-oriented text file, streamed.
 
-    Raises :class:`InputError` for an unreadable, corrupt or binary file (lines before the error are good).
+    Line ends are ``\\n``, ``\\r\\n`` or ``\\r``.  A line of more than ``max_line_chars`` characters is left out and
+    counted in ``stats`` (``stats.long_line_skip`` gives its Skip); no more than four bytes per character of it are
+    ever held.  Raises :class:`InputError` for an unreadable, corrupt or binary file (lines before the error are good).
     Lines that are not UTF-8 are decoded as cp1252/Latin-1 and counted in ``stats.repaired``.
     """
     from data_prep.text_decoding import BINARY_SNIFF_BYTES, decode_line, looks_binary
@@ -273,15 +338,18 @@ def text_lines(path: str, stats: LineStats) -> Iterator[tuple[int, str]]:
     head, chunks = _sniffed(iter_bytes(path), BINARY_SNIFF_BYTES)
     if looks_binary(head):
         raise InputError(SkipReason.BINARY_FILE, "NUL or control bytes at the start")
-    for number, raw in enumerate(iter_lines(chunks), start=1):
+    # UTF-8 takes at most 4 bytes a character: a line over 4x the bound in bytes is over it in characters.
+    for number, raw in enumerate(iter_lines(lf_line_ends(chunks), 4 * max_line_chars), start=1):
+        if isinstance(raw, LongLine):
+            stats.count_long_line(number, raw.size)
+            continue
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         line, repaired = decode_line(raw)
+        if len(line) > max_line_chars:
+            stats.count_long_line(number, len(raw))
+            continue
         stats.repaired += repaired
         if not stats.content and not line.isspace() and line:
             stats.content = True
-        if "\r" in line:  # old Mac line ends (a CR before the LF is already gone)
-            for part in line.split("\r"):
-                yield number, part
-        else:
-            yield number, line
+        yield number, line

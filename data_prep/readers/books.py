@@ -14,8 +14,7 @@ import re
 from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
-from data_prep.readers._io import InputError, read_all
-from data_prep.text_decoding import BINARY_SNIFF_BYTES, decode_text, looks_binary
+from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, text_lines
 
 # The header ends at (and includes) the last of these before the body:
 #   "*** START OF THE PROJECT GUTENBERG EBOOK EMMA ***", "***START OF THIS PROJECT GUTENBERG EBOOK...",
@@ -146,31 +145,26 @@ def book_paragraphs(text: str) -> tuple[str, ...]:
     return tuple(paragraphs)
 
 
-def read_book(path: str, source_name: str) -> Iterator[Document | Skip]:
+def read_book(path: str, source_name: str, max_line_chars: int = MAX_LINE_CHARS) -> Iterator[Document | Skip]:
     """One Document (key ``<source_name>:0``) for the whole book, plus its repair/skip records.
 
-    Never raises on bad input.
+    Read line by line: a line over ``max_line_chars`` is left out and counted, never held. A file the input breaks
+    off in (unreadable, corrupt compression) gives nothing but its Skip. Never raises on bad input.
     """
+    stats = LineStats()
     try:
-        raw = read_all(path)
+        text = "".join(line + "\n" for _, line in text_lines(path, stats, max_line_chars))
     except InputError as error:
         yield Skip(error.reason.value, source_name, detail=error.detail)
         return
-    if not raw.strip():
+    if long_lines := stats.long_line_skip(source_name, max_line_chars):
+        yield long_lines
+    if not stats.content:
         yield Skip(SkipReason.EMPTY_FILE.value, source_name)
         return
-    if looks_binary(raw[:BINARY_SNIFF_BYTES]):
-        yield Skip(SkipReason.BINARY_FILE.value, source_name)
-        return
-    text, repaired = decode_text(raw)
-    del raw
-    if not text.strip():
-        yield Skip(SkipReason.EMPTY_FILE.value, source_name)
-        return
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
     text, removed = strip_gutenberg(text)
-    if repaired:
-        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=repaired)
+    if stats.repaired:
+        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)
     if removed:
         yield Skip(Repair.GUTENBERG_BOILERPLATE.value, source_name, detail=removed)
     paragraphs = book_paragraphs(text)

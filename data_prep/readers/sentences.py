@@ -8,16 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
-from data_prep.readers._io import InputError, LineStats, text_lines
+from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, text_lines
 
 
-def read_sentences(path: str, source_name: str) -> Iterator[Document | Skip]:
-    """Documents (presplit) and skips from a sentence-per-line file; never raises on bad input."""
+def read_sentences(path: str, source_name: str, max_line_chars: int = MAX_LINE_CHARS) -> Iterator[Document | Skip]:
+    """Documents (presplit) and skips from a sentence-per-line file; never raises on bad input.  A line over
+    ``max_line_chars`` is left out of its document and counted."""
     stats = LineStats()
     ordinal = 0
     sentences: list[str] = []
     try:
-        for _, line in text_lines(path, stats):
+        for _, line in text_lines(path, stats, max_line_chars):
             sentence = line.strip()
             if sentence:
                 sentences.append(sentence)
@@ -33,5 +34,7 @@ def read_sentences(path: str, source_name: str) -> Iterator[Document | Skip]:
             yield Document(f"{source_name}:{ordinal}", tuple(sentences), presplit=True)
         elif not stats.content:
             yield Skip(SkipReason.EMPTY_FILE.value, source_name)
+    if long_lines := stats.long_line_skip(source_name, max_line_chars):
+        yield long_lines
     if stats.repaired:
         yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)

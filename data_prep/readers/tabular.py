@@ -1,7 +1,9 @@
 """Record formats: JSON Lines (one object per line) and Parquet (a string column), one document per record.
 
 A record's text is split into paragraphs at blank lines; inside a paragraph, runs of white space (single line
-breaks included) become one space.  Bad records are counted and skipped; the file goes on.
+breaks included) become one space.  Bad records are counted and skipped; the file goes on.  Lines over
+``max_line_chars`` are counted and left out: a JSONL record is one line of the file (so a longer record is left out
+whole, never held), a Parquet value's own lines are left out of it (the value is in memory already).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import re
 from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
-from data_prep.readers._io import InputError, LineStats, open_file, text_lines
+from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, open_file, text_lines
 from data_prep.text_decoding import decode_text
 
 _BLANK_LINE = re.compile(r"\n[^\S\n]*\n\s*")
@@ -36,12 +38,13 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
-def read_jsonl(path: str, source_name: str, text_column: str = "text") -> Iterator[Document | Skip]:
+def read_jsonl(path: str, source_name: str, text_column: str = "text", max_line_chars: int = MAX_LINE_CHARS
+               ) -> Iterator[Document | Skip]:
     """One document per JSON object line (text in ``text_column``); never raises on bad input."""
     stats = LineStats()
     ordinal = 0
     try:
-        for number, line in text_lines(path, stats):
+        for number, line in text_lines(path, stats, max_line_chars):
             if not line.strip():
                 continue
             try:
@@ -71,6 +74,8 @@ def read_jsonl(path: str, source_name: str, text_column: str = "text") -> Iterat
     else:
         if not stats.content:
             yield Skip(SkipReason.EMPTY_FILE.value, source_name)
+    if long_lines := stats.long_line_skip(source_name, max_line_chars):
+        yield long_lines
     if stats.repaired:
         yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)
 
@@ -90,7 +95,8 @@ def _column_kind(arrow_type) -> str | None:
     return None
 
 
-def read_parquet(path: str, source_name: str, text_column: str = "text") -> Iterator[Document | Skip]:
+def read_parquet(path: str, source_name: str, text_column: str = "text", max_line_chars: int = MAX_LINE_CHARS
+                 ) -> Iterator[Document | Skip]:
     """One document per row of the string column ``text_column``, read in small batches; never raises on bad input.
 
     A file without the column (or with a non-string one) gives ONE ``Skip(MALFORMED_RECORD, count=<rows>)``;
@@ -131,7 +137,7 @@ def read_parquet(path: str, source_name: str, text_column: str = "text") -> Iter
             yield Skip(SkipReason.MALFORMED_RECORD.value, source_name, count=rows,
                        detail=f"column {text_column!r} is {schema.field(index).type}, not a string")
             return
-        yield from _parquet_rows(parquet, source_name, text_column, kind, arrow_errors)
+        yield from _parquet_rows(parquet, source_name, text_column, kind, arrow_errors, max_line_chars)
     finally:
         try:
             fileobj.close()
@@ -139,7 +145,21 @@ def read_parquet(path: str, source_name: str, text_column: str = "text") -> Iter
             pass
 
 
-def _parquet_rows(parquet, source_name: str, text_column: str, kind: str, arrow_errors) -> Iterator[Document | Skip]:
+def without_long_lines(text: str, max_line_chars: int) -> tuple[str, int, int]:
+    """The text with its lines over ``max_line_chars`` made blank (a paragraph break: the text either side of one
+    does not run on), how many there were and the longest one's length."""
+    if len(text) <= max_line_chars:
+        return text, 0, 0
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    long_lengths = [len(line) for line in lines if len(line) > max_line_chars]
+    if not long_lengths:
+        return text, 0, 0
+    kept = "\n".join("" if len(line) > max_line_chars else line for line in lines)
+    return kept, len(long_lengths), max(long_lengths)
+
+
+def _parquet_rows(parquet, source_name: str, text_column: str, kind: str, arrow_errors, max_line_chars: int
+                  ) -> Iterator[Document | Skip]:
     ordinal = 0
     row = 0
     repaired = 0
@@ -154,7 +174,7 @@ def _parquet_rows(parquet, source_name: str, text_column: str, kind: str, arrow_
             break
         if values is None:
             break
-        nulls = empties = 0
+        nulls = empties = long_lines = longest = 0
         for value in values:
             if value is None:
                 nulls += 1
@@ -162,6 +182,8 @@ def _parquet_rows(parquet, source_name: str, text_column: str, kind: str, arrow_
             if kind == "bytes":
                 value, fixed = decode_text(value)
                 repaired += fixed
+            value, left_out, length = without_long_lines(value, max_line_chars)
+            long_lines, longest = long_lines + left_out, max(longest, length)
             paragraphs = text_paragraphs(value)
             if paragraphs:
                 yield Document(f"{source_name}:{ordinal}", paragraphs, presplit=False)
@@ -174,6 +196,10 @@ def _parquet_rows(parquet, source_name: str, text_column: str, kind: str, arrow_
                        detail=f"{span}: null {text_column!r}")
         if empties:
             yield Skip(SkipReason.EMPTY_DOCUMENT.value, source_name, count=empties, detail=span)
+        if long_lines:
+            yield Skip(SkipReason.LINE_TOO_LONG.value, source_name, count=long_lines,
+                       detail=f"{span}: longer than max_line_chars={max_line_chars:,}, the longest {longest:,} "
+                              "characters")
         row += len(values)
     if repaired:
         yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=repaired)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator
 
 from data_prep.documents import Document, Repair, Skip, SkipReason
-from data_prep.readers._io import InputError, LineStats, text_lines
+from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, text_lines
 from data_prep.readers.prose import has_text, is_prose_line
 
 DOC_OPEN = re.compile(r'^<doc\b([^>]*)>\s*$')
@@ -89,14 +89,16 @@ def _finish(article: _Article, source_name: str, ordinal: int) -> Document | Ski
     return Document(f"{source_name}:{ordinal}", tuple(paragraphs), presplit=False, title=article.title)
 
 
-def read_wikiextractor(path: str, source_name: str) -> Iterator[Document | Skip]:
-    """Documents (one per ``<doc>`` block) and skips from a WikiExtractor output file; never raises on bad input."""
+def read_wikiextractor(path: str, source_name: str, max_line_chars: int = MAX_LINE_CHARS
+                       ) -> Iterator[Document | Skip]:
+    """Documents (one per ``<doc>`` block) and skips from a WikiExtractor output file; never raises on bad input.
+    A line over ``max_line_chars`` is left out of its article and counted."""
     stats = LineStats()
     ordinal = 0
     article: _Article | None = None
     stray_lines = 0
     try:
-        for number, line in text_lines(path, stats):
+        for number, line in text_lines(path, stats, max_line_chars):
             if article is None:
                 match = DOC_OPEN.match(line)
                 if match:
@@ -126,5 +128,7 @@ def read_wikiextractor(path: str, source_name: str) -> Iterator[Document | Skip]
     if stray_lines:
         yield Skip(SkipReason.MALFORMED_RECORD.value, source_name,
                    detail=f"{stray_lines} lines outside any <doc> block (left out)")
+    if long_lines := stats.long_line_skip(source_name, max_line_chars):
+        yield long_lines
     if stats.repaired:
         yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)

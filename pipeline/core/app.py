@@ -10,12 +10,19 @@ Each program reads one config root, so its --help lists only its own groups:
 
 Entry points import this module first: it silences the known noise before Lightning or Beam is imported. The repository
 is installed editable (`pip install -e .`), so no entry point edits sys.path.
+
+A run refused before it starts (its config, its run directory, its files: refused()) prints its reason alone, without
+a traceback under Hydra's "Error executing job", and exits with REFUSED_EXIT_CODE (2), which restarts.py and the
+workflow never start again (exit_refused). Any other error keeps its traceback.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+import traceback
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from data_prep.known_noise import silence_known_noise
 
@@ -100,3 +107,35 @@ def output_dir(cfg: DictConfig, program: str) -> Path:
     if not value:
         raise ValueError("output_dir is empty")
     return Path(value).resolve()
+
+
+def refused(error: BaseException, check_modules: Collection[str]) -> bool:
+    """Whether `error` refused the run before it started, for a reason its message gives in full: a run directory in
+    use or not writable, a checkpoint this user may not read, a resume that changes what shapes the run, a start
+    over a run's history or a rollback not asked for (fresh_start.py, rollback.py), or any
+    ValueError or OSError raised while the entry point's start checks ran (a frame of its traceback in one of
+    `check_modules`, e.g. "pipeline.pretraining.checks"). A failure of another kind, or of the same kinds elsewhere,
+    is not one: its traceback is wanted."""
+    from pipeline.core.checkpoint_files import UnreadableCheckpoint
+    from pipeline.core.fresh_start import StartOverRefused
+    from pipeline.core.rollback import RollbackRefused
+    from pipeline.core.run_dir_lock import RunDirInUse, RunDirNotWritable
+    from pipeline.core.run_record import ResumeRefused
+
+    if isinstance(error, (RunDirInUse, RunDirNotWritable, UnreadableCheckpoint, ResumeRefused, StartOverRefused,
+                          RollbackRefused)):
+        return True
+    return isinstance(error, (ValueError, OSError)) and any(
+        frame.f_globals.get("__name__") in check_modules for frame, _ in traceback.walk_tb(error.__traceback__))
+
+
+def exit_refused(error: BaseException) -> NoReturn:
+    """Prints a refusal's message to stderr, alone (with its traceback under HYDRA_FULL_ERROR=1, Hydra's switch for
+    them), and exits with REFUSED_EXIT_CODE."""
+    from pipeline.core.restarts import REFUSED_EXIT_CODE
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        traceback.print_exception(error)
+    else:
+        print(error, file=sys.stderr, flush=True)
+    sys.exit(REFUSED_EXIT_CODE)

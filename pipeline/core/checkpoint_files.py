@@ -13,11 +13,13 @@ Two kinds of checkpoint:
 
 The trainer (pipeline/train.py, through pipeline/pretraining/checks.py) picks the checkpoint to resume from, also at
 every start of a SLURM job (ckpt_path=auto, infra/slurm/train.sbatch) and when the workflow continues an interrupted
-pre-training; plain file checks keep that decision cheap, before anything heavy is imported. The newest is the one of
-the highest step (checkpoint_steps.py), not the one modified last: a `touch` or a copy changes mtimes. A checkpoint
-this user may not read (a `latest`, a record, a torch file, the directory itself: e.g. written with mode 0600 by
-another user) stops that decision with UnreadableCheckpoint, naming the file: passing over it would resume from an
-older checkpoint, or start the run over, without a word.
+pre-training; plain file checks keep that decision cheap, before anything heavy is imported, and the refusals that
+follow from it (a start from step 0 over checkpoints none of which is complete: fresh_start.py; a resume from an
+earlier step than the run's later checkpoints: rollback.py). The newest is the one of the highest step
+(checkpoint_steps.py), not the one modified last: a `touch` or a copy changes mtimes. A checkpoint this user may not
+read (a `latest`, a record, a torch file, the directory itself: e.g. written with mode 0600 by another user) stops
+that decision with UnreadableCheckpoint, naming the file: passing over it would resume from an older checkpoint, or
+start the run over, without a word.
 
     python -m pipeline.core.checkpoint_files <run dir>   # its newest complete checkpoint; exits 1: none, 2: unreadable
 """
@@ -145,10 +147,7 @@ def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path |
     completed last): last.ckpt, step*.ckpt or a SLURM hpc_ckpt_*.ckpt (written by earlier versions). Each of a
     higher step that is not complete is logged with the reason it was passed over, and a checkpoint of a lower step
     completed after the one chosen (by mtime: touched, copied) with the order the step gives."""
-    for directory in (Path(checkpoint_dir), Path(output_dir)):
-        if directory.is_dir():
-            _require_access(directory, os.R_OK | os.X_OK)   # glob would see nothing in it: a start from scratch
-    candidates = [*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")]
+    candidates = run_checkpoints(checkpoint_dir, output_dir)
     order = {candidate: (_step_or_lowest(candidate), written_at(candidate)) for candidate in candidates}
     for candidate in sorted(candidates, key=order.get, reverse=True):
         problem = checkpoint_problem(candidate)
@@ -157,6 +156,16 @@ def newest_complete_checkpoint(checkpoint_dir: Path, output_dir: Path) -> Path |
             return candidate
         log.warning("not resuming from %s: %s", candidate, problem)
     return None
+
+
+def run_checkpoints(checkpoint_dir: Path, output_dir: Path) -> list[Path]:
+    """Every checkpoint of a run, complete or not: checkpoints/*.ckpt (files or DeepSpeed directories) and the SLURM
+    hpc_ckpt_*.ckpt of earlier versions beside them. Not what is in folders below checkpoints/ (a rollback's,
+    rollback.py). Raises UnreadableCheckpoint for a folder this process may not list."""
+    for directory in (Path(checkpoint_dir), Path(output_dir)):
+        if directory.is_dir():
+            _require_access(directory, os.R_OK | os.X_OK)   # glob would see nothing in it: a start from scratch
+    return sorted([*Path(checkpoint_dir).glob("*.ckpt"), *Path(output_dir).glob("hpc_ckpt_*.ckpt")])
 
 
 def _step_or_lowest(checkpoint: Path) -> int:

@@ -7,8 +7,11 @@ those of steps 1000, 2000, ...; a checkpoint is removed right after a newer one 
 - last.ckpt, temporary files of a save under way, and anything that is not a periodic `step<N>.ckpt`;
 - the newest periodic checkpoint: the one just saved, complete (its save returned), is always among the newest;
 - the checkpoint the fit resumed from, while it runs (as Lightning's own ModelCheckpoint);
-- checkpoints of steps after the fit's current step: a run resumed from an earlier checkpoint (rolled back past a
-  loss spike) leaves the later ones of its first course alone.
+- checkpoints of steps after the fit's current step (a save of a higher step cut short, which the resume passed
+  over). A rollback's (a run resumed from an earlier checkpoint, past a loss spike) are not there: the run would save
+  over them, so it is refused unless asked (resume.rollback=true), and then they are moved into a folder below
+  checkpoints/ before its first save (pipeline/core/rollback.py);
+- anything in a folder below checkpoints/ (only `step<N>.ckpt` directly in it is periodic).
 
 The default keeps every checkpoint, as before: a default that removes would, at the first requeue after an update,
 delete checkpoints of runs that were started with the promise that all are kept.

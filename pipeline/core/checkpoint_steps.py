@@ -1,4 +1,6 @@
 """The optimizer step a checkpoint holds, read cheaply and without torch: what "newest" means for a run's checkpoints.
+And the hyper-parameters it was trained with (Lightning's `hyper_parameters`), which a resume compares with its
+config (pipeline/core/run_record.py), read the same way.
 
 A file's mtime says when it was last touched, not what it holds: `touch` (users dodge scratch purges with it), `cp -r`
 without -p and an rsync of a run directory reorder checkpoints by mtime. The step does not change with any of them.
@@ -57,7 +59,29 @@ def _directory_step(path: Path) -> int | None:
     return _pickled_step(states[0]) if states else None
 
 
+def recorded_hyper_parameters(path: Path) -> dict | None:
+    """The `hyper_parameters` that checkpoint `path` (a torch file or a DeepSpeed directory) was saved with, as plain
+    values; None where it has none (a checkpoint not written by Lightning) or cannot be read."""
+    path = Path(path)
+    if path.is_dir():
+        try:
+            tag_dir = path / (path / LATEST).read_text(encoding="utf-8").strip()
+            states = sorted(f for f in tag_dir.iterdir() if _MODEL_STATES.match(f.name))
+        except OSError:
+            return None
+        path = states[0] if states else None
+    checkpoint = _pickled_dict(path) if path is not None else None
+    values = (checkpoint or {}).get("hyper_parameters")
+    return dict(values) if isinstance(values, dict) else None
+
+
 def _pickled_step(path: Path) -> int | None:
+    checkpoint = _pickled_dict(path)
+    step = checkpoint.get("global_step") if checkpoint is not None else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _pickled_dict(path: Path) -> dict | None:
     try:
         with zipfile.ZipFile(path) as archive:
             pickles = [name for name in archive.namelist() if name.count("/") == 1 and name.endswith("/data.pkl")]
@@ -67,23 +91,22 @@ def _pickled_step(path: Path) -> int | None:
                 checkpoint = _StandInUnpickler(stream).load()
     except PermissionError:
         raise
-    except Exception:   # a file cut short, or a pickle of another shape: no step (its completeness check says why)
+    except Exception:   # a file cut short, or a pickle of another shape (its completeness check says why)
         return None
-    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return checkpoint if isinstance(checkpoint, dict) else None
 
 
-class _StandIn:
+class _StandIn(dict):
     """Whatever object a checkpoint's pickle builds (a tensor, an OrderedDict, numpy's RNG state, a config): only
-    plain values (dicts, lists, numbers, strings) are read, so every class becomes this, and takes what it is given."""
+    plain values (dicts, lists, numbers, strings) are read, so every class becomes this. It keeps the items a dict
+    subclass is given (Lightning's AttributeDict of hyper-parameters) and drops everything else."""
+
+    __hash__ = object.__hash__    # hashable as any object (a stand-in may be a key), not as a dict
 
     def __init__(self, *args, **kwargs):
         pass
 
     def __setstate__(self, state):
-        pass
-
-    def __setitem__(self, key, value):
         pass
 
     def append(self, value):

@@ -54,3 +54,9 @@ def batch_split(global_batch_size: int, max_micro_batch_size: int, world: int) -
 def is_first_process() -> bool:
     """Global rank 0 as the launchers say it before the Trainer exists (SLURM, torchrun, Lightning's own)."""
     return all(os.environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "LOCAL_RANK"))
+
+
+def is_first_process_on_node() -> bool:
+    """Local rank 0 as the launchers say it before the Trainer exists: the one process of each node that does what
+    each node must do once (hash its copy of the shards: node-local copies differ from node to node)."""
+    return all(os.environ.get(name, "0") == "0" for name in ("LOCAL_RANK", "SLURM_LOCALID"))

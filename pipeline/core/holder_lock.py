@@ -4,12 +4,16 @@ hard link to a file already written: atomic on local disks, NFS, Lustre and GPFS
 written). Whoever finds it held asks whether the holder is gone: a job SLURM no longer runs, or a process that has
 ended on this host (pids are reused: a live process under its pid that started at another time than the holder's
 recorded `process_start` is not it). Then the lock is taken over (of two taking it over at once, one wins). A process
-on another host cannot be checked from here: the caller refuses, naming the file to remove.
+on another host cannot be checked from here: the caller refuses, naming the file to remove. A directory this process
+may not write (its permissions, a read-only filesystem) raises LockNotWritable, naming the directory, not the
+temporary file that could not be written there.
 
 Used for the workflow's launch lock (pipeline/orchestration/lock.py) and a training's run directory
 (pipeline/core/run_dir_lock.py)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import socket
@@ -25,6 +29,21 @@ Holder = dict[str, Any]
 
 class LockContended(RuntimeError):
     """Others kept taking the lock while this process tried to."""
+
+
+class LockNotWritable(OSError):
+    """The lock's directory may not be written by this process."""
+
+    def __init__(self, directory: Path, error: OSError):
+        what = "is not writable" if directory.is_dir() else "cannot be created"
+        super().__init__(error.errno, f"{directory} {what} ({error.strerror})", str(directory))
+        self.directory = directory
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def alive(pid: Any, recorded_start: str | None = None) -> bool:
@@ -72,10 +91,13 @@ class HolderLock:
     def acquire(self, holder: Holder, refuse: Callable[[Holder], None]) -> Holder | None:
         """Takes the lock for `holder`. Where another holds it, `refuse(that holder)` raises if that one keeps it;
         else it is taken over. Returns the holder taken over from (None: the lock was free)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         taken_from = None
+        with self._writable():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
-            if self._create(holder):
+            with self._writable():
+                created = self._create(holder)
+            if created:
                 return taken_from
             current = self.holder()
             if current is None:              # released meanwhile
@@ -84,6 +106,15 @@ class HolderLock:
             if self._take_over(current):
                 taken_from = current
         raise LockContended(f"could not take {self.path}: other processes keep taking it")
+
+    @contextlib.contextmanager
+    def _writable(self):
+        try:
+            yield
+        except OSError as error:
+            if error.errno not in _NOT_WRITABLE:
+                raise
+            raise LockNotWritable(self.path.parent, error) from None
 
     def _private(self, what: str) -> Path:
         return self.path.with_name(f".{self.path.name}.{what}.{socket.gethostname()}.{os.getpid()}")

@@ -96,9 +96,9 @@ class FinishingWandbLogger(WandbLogger):
         if status == "finished":   # Lightning's requeue signal handler; see the class docstring
             self.finish()
 
-    def finish(self, preempted_exit_code: int | None = None) -> None:
-        """Finish the W&B run (once); with preempted_exit_code, marked preempted (W&B's preempting record, then that
-        exit code: W&B shows a run so ended as preempted)."""
+    def finish(self, preempted_exit_code: int | None = None, exit_code: int = 0) -> None:
+        """Finish the W&B run (once) with exit_code; with preempted_exit_code, marked preempted (W&B's preempting
+        record, then that exit code: W&B shows a run so ended as preempted)."""
         if self._finished:
             return
         self._finished = True    # first: a finish that hangs or fails (requeue.py gives up on it) is not tried again
@@ -111,7 +111,7 @@ class FinishingWandbLogger(WandbLogger):
 
                 wandb.teardown()
             else:
-                self._experiment.finish()
+                self._experiment.finish(exit_code=exit_code)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if not self._finished:
@@ -178,9 +178,10 @@ def wandb_environment(output_dir: str | Path) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def finish_wandb(loggers: list[Logger], preempted_exit_code: int | None = None) -> None:
+def finish_wandb(loggers: list[Logger], preempted_exit_code: int | None = None, exit_code: int = 0) -> None:
     """Close the W&B run (Lightning leaves it open), so an offline run's files are complete when train() returns;
-    preempted_exit_code: the run stops to be requeued (it continues in the requeued job), see FinishingWandbLogger."""
+    preempted_exit_code: the run stops to be requeued (it continues in the requeued job), see FinishingWandbLogger;
+    exit_code: the process's, where it was stopped or failed (W&B then shows the run as failed, not finished)."""
     for logger in loggers:
         if isinstance(logger, FinishingWandbLogger):
-            logger.finish(preempted_exit_code)
+            logger.finish(preempted_exit_code, exit_code=exit_code)

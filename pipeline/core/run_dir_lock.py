@@ -15,7 +15,8 @@ over, and the log says so. A live process under the holder's pid that started at
 recorded is not the holder (pids are reused: a restarted container's trainer is pid 1 again). A start of the same
 job is the same trainer (a requeue, or a restart inside the job), unless the holder is another live process of that
 job on this host. A process on another host without a job id cannot be checked from here: the refusal names the lock
-file to remove once that trainer is known to be gone.
+file to remove once that trainer is known to be gone. A run directory this process may not write (another user's, a
+read-only filesystem) is refused as such (RunDirNotWritable), before anything else is read or written there.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from typing import Any
 
 from data_prep.process_start import process_start
 from pipeline.core.devices import is_first_process
-from pipeline.core.holder_lock import Holder, HolderLock, LockContended, alive, holder_state
+from pipeline.core.holder_lock import Holder, HolderLock, LockContended, LockNotWritable, alive, holder_state
 
 LOCK_NAME = ".trainer_lock.json"
 log = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 class RunDirInUse(RuntimeError):
     """Another trainer, alive or not known to be gone, holds the run directory."""
+
+
+class RunDirNotWritable(RuntimeError):
+    """The run directory may not be written by this trainer."""
 
 
 def this_trainer() -> Holder:
@@ -95,6 +100,11 @@ class RunDirLock:
             taken_from = self.file.acquire(me, refuse)
         except LockContended as error:
             raise RunDirInUse(str(error)) from None
+        except LockNotWritable as error:
+            raise RunDirNotWritable(
+                f"run directory {error}: a trainer writes its lock ({LOCK_NAME}), checkpoints and logs there. Make it "
+                "writable to this user, or give the run another output directory (hydra.run.dir=... on the command "
+                "line, output_dir=... when calling train())") from None
         if taken_from is not None and not _same_job(taken_from, me):
             log.info("took over %s from %s: it is gone (%s)", self.file.path, describe(taken_from), gone_because)
         self.holder = me

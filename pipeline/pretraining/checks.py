@@ -13,20 +13,23 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from data_prep.content_identity import shard_set_content
+from data_prep.content_identity import shard_bytes_content, shard_set_content
 from model.architectures import EncoderConfig, config_from_preset, family_name, is_modernbert
 from model.modernbert.config import PRESETS as MODERNBERT_PRESETS
 from pipeline.core import app, devices
 from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core.checkpoint_retention import Retention
-from pipeline.core.devices import batch_split, is_first_process
+from pipeline.core.devices import batch_split, is_first_process, is_first_process_on_node
 from pipeline.core.fp8 import check_fp8_settings
+from pipeline.core.fresh_start import check_start_over
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
 from pipeline.core.optim import PER_TENSOR_OPTIMIZERS, check_optimizer_config, schedule_factor, warmup_steps_of
-from pipeline.core.run_record import check_start
+from pipeline.core.run_record import InEffect, check_start
+from pipeline.core.run_versions import run_versions
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
+from pipeline.pretraining.trained_with import checkpoint_changes, module_hyper_parameters
 
 SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
 # Trainer arguments that train() derives itself; setting them in trainer config would be silently overridden.
@@ -59,10 +62,12 @@ def _open_shard_set(cfg: DictConfig, model_config: EncoderConfig, output_dir: Pa
 
     path, seq = str(cfg.data.path), int(cfg.data.max_seq_length)
     try:
-        # Hash the set before the first step (rank 0: the others would read the same files), so a corrupt shard
-        # stops the run now, named, rather than hours in wherever its row group comes. The run's record of what it
-        # verified spares its later starts (requeues, resumes) hashing the files that did not change.
-        verify = cfg.data.get("verify_checksums", True) if is_first_process() else False   # true, full or false
+        # Hash the set before the first step, so a corrupt shard stops the run now, named, rather than hours in
+        # wherever its row group comes. Once per node (its local rank 0: the node's other ranks read the same files),
+        # for a node-local copy (staged to /tmp or an NVMe) is that node's own; on a shared filesystem the run's
+        # record of what it verified vouches for the files another node hashed (verify.py), as it spares later starts
+        # (requeues, resumes) hashing the files that did not change.
+        verify = cfg.data.get("verify_checksums", True) if is_first_process_on_node() else False   # true/full/false
         shard_set = ShardSet.open(path, max_seq_length=seq, vocab_size=model_config.vocab_size,
                                   verify_checksums=verify, verification_record=output_dir / RECORD_NAME)
     except FileNotFoundError as error:
@@ -133,12 +138,13 @@ def check_documents_for_model(shard_set, model_config: EncoderConfig, path: str)
 def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
     """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
     only a temporary file, removed here, and the previous checkpoint whole). ckpt_path=auto (required=False): the
-    same, or None when the run has none yet."""
+    same, or None when the run has none yet; refused where it has checkpoints, none complete (fresh_start.py)."""
     if is_first_process():
         for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
             log.info("removed %s, left by an interrupted checkpoint write", partial)
     newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
     if newest is None and not required:
+        check_start_over(output_dir, "ckpt_path=auto")   # a run with checkpoints, none usable: refused, not redone
         return None
     if newest is None:
         raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
@@ -303,6 +309,8 @@ class PretrainChecks:
         self.ckpt_path = _optional_path(cfg, "ckpt_path")
         if self.ckpt_path in ("last", "auto"):   # auto: resume if the run has a checkpoint, else start (the workflow)
             self.ckpt_path = _newest_checkpoint(self.output_dir, required=self.ckpt_path == "last")
+        elif self.resumes_from is None:          # a plain start: never over a run's checkpoints or record
+            check_start_over(self.output_dir, "ckpt_path=null")
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
@@ -317,10 +325,21 @@ class PretrainChecks:
         self.shard_set = _open_shard_set(cfg, self.model_config, self.output_dir)
         self.model_config = special_tokens_of_shard_set(self.model_config, self.shard_set)
         self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)
+        self.module_hyper_parameters = module_hyper_parameters(
+            cfg, self.model_config.to_dict(), self.schedule_steps, self.max_steps,
+            next_sentence_prediction=self.shard_set.has_next_sentence_labels)   # the objective: the manifest's word
         # Last, with every setting checked: a resume continues the run its record names, or stops here on every rank
-        self.run_record = check_start(self.output_dir, "train", OmegaConf.to_container(cfg, resolve=True),
-                                      resuming_from=self.resumes_from,
-                                      inputs={"data.path": shard_set_content(self.shard_set.manifest)})
+        self.run_record = check_start(self.output_dir, "train", self._in_effect(cfg), resuming_from=self.resumes_from)
+
+    def _in_effect(self, cfg: DictConfig) -> InEffect:
+        manifest = self.shard_set.manifest
+        resumes_from = self.resumes_from
+        return InEffect(
+            OmegaConf.to_container(cfg, resolve=True), inputs={"data.path": shard_set_content(manifest)},
+            legacy_inputs={"data.path": shard_bytes_content(manifest)},
+            resolved={"world_size": self.world_size, **run_versions()},
+            checkpoint_changes=(checkpoint_changes(resumes_from, cfg, self.module_hyper_parameters)
+                                if resumes_from is not None else {}))
 
     @property
     def resumes_from(self) -> str | None:

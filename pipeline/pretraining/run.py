@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from pytorch_lightning.strategies import DeepSpeedStrategy
 
 from model.architectures import is_modernbert, pretraining_model
 from pipeline.core.callbacks.progress import StepProgressBar
+from pipeline.core.callbacks.rollback import MoveLaterCheckpointsAside
 from pipeline.core.callbacks.run_record import WriteRunRecord
 from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.callbacks.throughput import ThroughputMonitor
@@ -32,6 +34,7 @@ from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoin
 from pipeline.core.fp8 import apply_fp8
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
 from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
+from pipeline.core.rollback import check_rollback
 from pipeline.core.strategies import build_strategy
 from pipeline.core.weights import CHECKPOINT_DIR, load_pretrained, load_pretraining_weights
 from pipeline.pretraining.checks import PretrainChecks, check_init_vocabulary
@@ -111,6 +114,9 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
 def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: list,
            requeue_request: RequeueRequest | None) -> dict[str, Any]:
     plan = PretrainChecks(cfg)
+    # After the config's check against the record: an earlier step than the run's later checkpoints is refused here,
+    # on every rank alike, unless resume.rollback=true (rank 0 moves those aside once training starts: rollback.py)
+    rollback = check_rollback(plan.output_dir, plan.ckpt_path, cfg.get("resume"))
     output_dir = plan.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
     checkpoint_dir = output_dir / CHECKPOINT_DIR
@@ -124,11 +130,7 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)),
         # ModernBERT attends within each packed document: the batches say where each one is
         document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"))
-    module = BertPretrainingModule(
-        model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
-        scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
-        max_steps=plan.max_steps, overfit_batches=int(cfg.get("overfit_batches") or 0), seed=int(cfg.seed),
-        next_sentence_prediction=plan.shard_set.has_next_sentence_labels)   # the objective: the manifest's word
+    module = BertPretrainingModule(**plan.module_hyper_parameters)   # what its checkpoints carry, and resumes compare
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
         apply_fp8(module.model)   # refuses a device without FP8 first
     apply_compile_settings(module.model, cfg.model)   # model.compile: the whole model, in place (names unchanged)
@@ -144,6 +146,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
     # First: data.micro_batch_size=auto sizes the pass at setup, before any other hook, loader or strategy reads it
     callbacks.insert(0, plan.micro_batch.callback())
     callbacks.append(WriteRunRecord(plan.run_record))   # the config record, at the step training starts from
+    if rollback is not None:
+        callbacks.append(MoveLaterCheckpointsAside(rollback))
     if requeue_request is not None:
         callbacks.append(RequeueOnSignal(requeue_request, checkpoint_dir))
     requeued: RequeueRequested | None = None
@@ -164,6 +168,10 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
                 requeued = stop
             else:
                 last_checkpoint = _save_final_checkpoint(trainer, checkpoint_callback, checkpoint_dir)
+        except BaseException as stopped:
+            # W&B shows a run by its exit code: a stopped or failed one is not "finished" (issue 49, item 1)
+            finish_wandb(loggers, exit_code=exit_status_of(stopped))
+            raise
         finally:
             finish_wandb(loggers)   # when requeued, RequeueOnSignal finished it already, marked preempted
 
@@ -200,6 +208,20 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         result["hf_export"] = str(export_model(model, output_dir, cfg.data.path))
     log.info("run finished at step %d: %s", trainer.global_step, output_dir)
     return result
+
+
+def exit_status_of(stopped: BaseException) -> int:
+    """The exit status pipeline/train.py ends with for what stopped the run: 143 for SIGTERM (Lightning's
+    SIGTERMException), 130 for Ctrl-C, a SystemExit's own code, else 1."""
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    if isinstance(stopped, SIGTERMException):
+        return 128 + signal.SIGTERM
+    if isinstance(stopped, KeyboardInterrupt):
+        return 128 + signal.SIGINT
+    if isinstance(stopped, SystemExit) and isinstance(stopped.code, int):
+        return stopped.code
+    return 1
 
 
 def _save_final_checkpoint(trainer: pl.Trainer, callback: ModelCheckpoint, checkpoint_dir: Path) -> str | None:

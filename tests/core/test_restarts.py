@@ -76,6 +76,14 @@ def test_a_try_stopped_on_purpose_is_never_started_again(tmp_path):
         assert len((tmp_path / "tries.txt").read_text().splitlines()) == 1
 
 
+def test_a_try_refused_before_it_started_is_never_started_again(tmp_path):
+    """pipeline/train.py exits 2 on a refusal (pipeline.core.app.refused): the next try would meet it again, even
+    where a checkpoint newer than at the try's start is there."""
+    code, output = finished(supervise(tmp_path, True, 2))
+    assert code == 2 and "try 1 refused to start (exit status 2, the reason above): not started again" in output
+    assert len((tmp_path / "tries.txt").read_text().splitlines()) == 1
+
+
 def test_the_requeue_signal_sent_to_the_supervisor_reaches_the_try(tmp_path):
     """`scancel --batch --signal=USR1`, `--signal=B:USR1@N`: the batch shell is the supervisor (train.sbatch
     execs it)."""

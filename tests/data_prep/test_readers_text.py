@@ -156,7 +156,8 @@ def test_book_empty_binary_missing_and_gzip(tmp_path: Path):
     path.write_bytes(b" \r\n\t\n")
     assert read(path, "books", "x") == [Skip(SkipReason.EMPTY_FILE.value, "x")]
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 8)
-    assert read(path, "books", "x") == [Skip(SkipReason.BINARY_FILE.value, "x")]
+    assert read(path, "books", "x") == [Skip(SkipReason.BINARY_FILE.value, "x",
+                                             detail="NUL or control bytes at the start")]
     assert reasons(read(tmp_path / "missing.txt", "books", "x")) == {"unreadable_file": 1}
     path = tmp_path / "x.txt.gz"
     path.write_bytes(gzip.compress(b"A gzipped\nbook.\n\nTwo."))
@@ -164,10 +165,11 @@ def test_book_empty_binary_missing_and_gzip(tmp_path: Path):
 
 
 def test_book_with_ten_megabyte_line(tmp_path: Path):
+    # Over the default max_line_chars (tests/data_prep/test_long_lines.py): raised here, to read it in linear time.
     path = tmp_path / "long.txt"
     path.write_bytes(b"Intro.\n\n" + b"word " * 2_000_000 + b"caf\xe9\n")
     start = time.perf_counter()
-    items = read(path, "books", "long")
+    items = read(path, "books", "long", max_line_chars=20_000_000)
     assert time.perf_counter() - start < 10
     (document,) = documents(items)
     assert document.paragraphs[0] == "Intro."
@@ -207,7 +209,7 @@ def test_sentences_ten_megabyte_line(tmp_path: Path):
     path = tmp_path / "s.txt"
     path.write_bytes(b"short.\n" + b"x" * 10_000_000 + b"\n\nnext.\n")
     start = time.perf_counter()
-    items = read(path, "sentences", "s")
+    items = read(path, "sentences", "s", max_line_chars=20_000_000)   # over the default, as above
     assert time.perf_counter() - start < 10
     assert [len(p) for d in documents(items) for p in d.paragraphs] == [6, 10_000_000, 5]
 
@@ -251,7 +253,7 @@ def test_jsonl_text_column_compression_and_empty(tmp_path: Path):
 def test_jsonl_ten_megabyte_record(tmp_path: Path):
     path = tmp_path / "big.jsonl"
     path.write_text(json.dumps({"text": "word " * 2_000_000}) + "\n")
-    (document,) = documents(read(path, "jsonl", "big"))
+    (document,) = documents(read(path, "jsonl", "big", max_line_chars=20_000_000))   # over the default, as above
     assert len(document.paragraphs[0]) == 9_999_999
 
 

@@ -185,3 +185,26 @@ def test_a_hanging_wandb_does_not_keep_the_job_from_being_requeued(slurm_cluster
 def children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
     return [int(child) for child in found]
+
+
+@pytest.mark.slow
+def test_a_job_stopped_with_scancel_signal_term_is_neither_finished_nor_started_again(slurm_cluster, tmp_path,
+                                                                                      small_shards):
+    """`scancel --signal=TERM <job>` (issue 49, item 1) reaches every task of the step once the first checkpoint is
+    on disk: the trainer exits 143, restarts.py does not start it again, and the job ends FAILED with 143, the run
+    unfinished (no export). On ca8c0b7 the trainer exited 0, and the job COMPLETED."""
+    job = submit(slurm_cluster, tmp_path, small_shards, 1, {}, "trainer.max_steps=400", "export.hf=true")
+    checkpoint = tmp_path / "run" / "checkpoints" / f"step{CHECKPOINT_EVERY:07d}.ckpt"
+    try:
+        slurm_cluster._wait(checkpoint.exists, 300, "the job wrote no first checkpoint")
+    except TimeoutError as error:
+        slurm_cluster.run("scancel", job)
+        raise AssertionError(f"{error}\n{job_log(tmp_path)[-8000:]}") from None
+    slurm_cluster.run("scancel", "--signal=TERM", job, check=True)
+    state = slurm_cluster.wait_for_job(job, timeout_s=300)
+    log = job_log(tmp_path)
+    print(f"job state after scancel --signal=TERM: {state}, exit code {slurm_cluster.job_field(job, 'ExitCode')}")
+    assert state == "FAILED", f"{log[-8000:]}\n{slurm_cluster.logs()}"
+    assert slurm_cluster.job_field(job, "ExitCode").startswith("143:"), log[-8000:]
+    assert "try 1 was stopped (SIGTERM" in log and "try 2" not in log, log[-8000:]
+    assert "run finished" not in log and not (tmp_path / "run" / "hf_export").exists()

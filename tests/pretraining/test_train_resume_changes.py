@@ -56,7 +56,8 @@ def test_a_resume_that_changes_what_shapes_the_run_is_refused_naming_each_change
     assert "trainer.max_steps: 4 -> 6" in message and "optimizer.lr: 0.001 -> 0.05" in message
     assert "data.num_workers: 0 -> 1" in message           # the loader workers shape the data stream
     assert "enable_progress_bar" not in message
-    assert "resume.accept_changes=[data.num_workers,optimizer.lr,trainer.max_steps]" in message
+    # each at its value: a job script that keeps the list for its requeues accepts nothing else later
+    assert "resume.accept_changes=[data.num_workers:1,optimizer.lr:0.05,trainer.max_steps:6]" in message
     assert logged_lrs(tmp_path) == before and record is not None and record_path.read_text() == record
 
 
@@ -80,11 +81,16 @@ def test_an_accepted_change_trains_the_new_schedule_from_the_resumed_step(small_
     assert "trainer.max_steps: 4 -> 6" in warning and "optimizer.lr: 0.001 -> 0.05" in warning
     assert "optimizer.weight_decay: 0.01 -> 0.05" in warning and "schedule" in warning
 
-    # Requeued with the same command: nothing changed, nothing to accept; then extended again
+    # Requeued with the same command: nothing changed, nothing to accept; then extended again. The list that
+    # accepted the first change accepts no other (a job script keeps it for its requeues); named at its value, it does
     run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto", f"optimizer.lr={NEW_LR}",
         "optimizer.weight_decay=0.05", ACCEPT)
+    with pytest.raises(ValueError, match=r"trainer.max_steps: 6 -> 8\. .*accept no other: trainer.max_steps "
+                                         r"\(by trainer.max_steps\).*resume.accept_changes=\[trainer.max_steps:8\]"):
+        run(small_shards, tmp_path, tiny_overrides, 8, "ckpt_path=auto", f"optimizer.lr={NEW_LR}",
+            "optimizer.weight_decay=0.05", ACCEPT)
     run(small_shards, tmp_path, tiny_overrides, 8, "ckpt_path=auto", f"optimizer.lr={NEW_LR}",
-        "optimizer.weight_decay=0.05", ACCEPT)
+        "optimizer.weight_decay=0.05", "++resume.accept_changes=[trainer.max_steps:8,optimizer]")
     record = json.loads((tmp_path / "run_config.json").read_text())
     assert record["first_start"]["config"]["trainer"]["max_steps"] == FIRST_STEPS and record["first_start"]["step"] == 0
     assert record["in_effect"]["config"]["trainer"]["max_steps"] == 8
@@ -96,17 +102,34 @@ def test_an_accepted_change_trains_the_new_schedule_from_the_resumed_step(small_
 
 
 def test_a_run_begun_before_records_resumes_with_a_warning(small_shards, tiny_overrides, tmp_path, caplog):
+    """Without a record (deleted, or a run of an earlier version) the checkpoint's own hyper-parameters are compared
+    (issue 49, item 5): on ca8c0b7 a changed trainer.max_steps went through with the warning."""
     run(small_shards, tmp_path, tiny_overrides, FIRST_STEPS)
     (tmp_path / "run_config.json").unlink(missing_ok=True)         # as a run of an earlier version left it
+    with pytest.raises(ValueError, match=r"since its checkpoint was trained: trainer.max_steps: 4 -> 6\. "):
+        run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto")
     with caplog.at_level(logging.WARNING, logger="pipeline.core.run_record"):
-        result = run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto")
+        result = run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto",
+                     "++resume.accept_changes=[trainer.max_steps:6]")
     assert result["global_step"] == NEW_STEPS
-    assert any("nothing can be compared" in r.getMessage() for r in caplog.records)
+    assert any("only the checkpoint's own hyper-parameters can be compared" in r.getMessage() for r in caplog.records)
     record = json.loads((tmp_path / "run_config.json").read_text())
-    assert record["first_start"]["step"] == FIRST_STEPS and "before its config was recorded" in \
-        record["first_start"]["note"]
+    assert "before its config was recorded" in record["first_start"]["note"]
+    assert [(c["step"], c["changes"]) for c in record["accepted_changes"]] == [(4, {"trainer.max_steps": ["4", "6"]})]
     with pytest.raises(ValueError, match="trainer.max_steps: 6 -> 8"):      # from now on, compared
         run(small_shards, tmp_path, tiny_overrides, 8, "ckpt_path=auto")
+
+
+def test_another_runs_checkpoint_is_compared_with_its_own_hyper_parameters(small_shards, tiny_overrides, tmp_path):
+    """ckpt_path=<another run's checkpoint> into a run directory whose record matches this config: the checkpoint was
+    trained at another rate and seed, and says so (issue 49, item 5: on ca8c0b7 it trained on at the new ones)."""
+    other = tmp_path / "other"
+    run(small_shards, other, tiny_overrides, FIRST_STEPS, "optimizer.lr=0.002", "seed=7")
+    ours = tmp_path / "ours"
+    run(small_shards, ours, tiny_overrides, FIRST_STEPS)
+    with pytest.raises(ValueError, match=r"optimizer.lr: 0.002 \(as the checkpoint was trained\) -> 0.001; "
+                                         r"seed: 7 \(as the checkpoint was trained\) -> 1234\. "):
+        run(small_shards, ours, tiny_overrides, FIRST_STEPS, f"ckpt_path={other / 'checkpoints' / 'last.ckpt'}")
 
 
 def trained_states(make_scheduler):

@@ -39,6 +39,16 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         time.sleep(0.2)
 
 
+def sigterm_after_step_5(training: subprocess.Popen, run_dir: Path, log: Path) -> int:
+    """SIGTERM to the training once its step-5 checkpoint is on disk; its exit status."""
+    try:
+        wait_for(run_dir / "checkpoints" / "step0000005.ckpt", training, log)
+        training.send_signal(signal.SIGTERM)
+        return training.wait(timeout=120)
+    finally:
+        training.kill()
+
+
 def assert_stopped_unfinished(run_dir: Path) -> None:
     assert not (run_dir / "hf_export").exists()    # the export of a finished run only
     import torch
@@ -51,12 +61,7 @@ def assert_stopped_unfinished(run_dir: Path) -> None:
 def test_a_training_stopped_by_sigterm_exits_143(small_shards, tmp_path, tiny_overrides):
     run_dir, log = tmp_path / "run", tmp_path / "train.log"
     training = start(training_command(small_shards, run_dir, tiny_overrides), log)
-    try:
-        wait_for(run_dir / "checkpoints" / "step0000005.ckpt", training, log)
-        training.send_signal(signal.SIGTERM)
-        code = training.wait(timeout=120)
-    finally:
-        training.kill()
+    code = sigterm_after_step_5(training, run_dir, log)
     print(f"train.py exit status after SIGTERM: {code}")
     assert code == STOPPED, log.read_text()[-4000:]
     assert_stopped_unfinished(run_dir)
@@ -109,3 +114,23 @@ def test_the_sigterm_after_a_requeue_still_ends_the_run_as_requeued(small_shards
     print(f"train.py exit status after the requeue and its SIGTERM: {code}")
     assert code == REQUEUED_EXIT_CODE, log.read_text()[-4000:]
     assert (bin_dir / "requeued").read_text().split() == ["requeue", "4242"]
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_is_not_finished_in_wandb(small_shards, tmp_path, tiny_overrides):
+    """W&B shows a run by the exit code it was closed with: ca8c0b7 closed a SIGTERMed run with 0 ("finished"); now
+    with 143, the process's own. W&B offline, its transaction log read back."""
+    pytest.importorskip("wandb")
+    from tests.helpers.wandb_log import read_wandb_records
+
+    run_dir, log = tmp_path / "run", tmp_path / "train.log"
+    (tmp_path / "wandb_config").mkdir()
+    command = [*training_command(small_shards, run_dir, tiny_overrides), "logger=wandb_offline"]
+    training = start(command, log, WANDB_MODE="offline", WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"))
+    code = sigterm_after_step_5(training, run_dir, log)
+    assert code == STOPPED, log.read_text()[-4000:]
+    runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, sorted(str(p) for p in (run_dir / "wandb").rglob("*"))
+    exits = [r.exit.exit_code for r in read_wandb_records(runs[0]) if r.WhichOneof("record_type") == "exit"]
+    print(f"W&B exit records of the SIGTERMed run: {exits}")
+    assert exits == [STOPPED]

@@ -75,7 +75,11 @@ def test_the_decay_as_its_own_phase_from_a_stable_checkpoint_is_the_uninterrupte
     # decays from several of them (ModernBERT #252), each into its own run.
     stable_last = (tmp_path / "checkpoints" / "last.ckpt").read_bytes()
     decayed = tmp_path / f"decay_from_{k}"
-    result = run(small_shards, decayed, tiny_overrides, N, *decay_phase)
+    with pytest.raises(ResumeRefused, match=r"since its checkpoint was trained: scheduler.decay_steps: 0 -> 4.*"
+                                            r"trainer.max_steps: 10 -> 12"):   # the checkpoint's own settings
+        run(small_shards, decayed, tiny_overrides, N, *decay_phase)
+    result = run(small_shards, decayed, tiny_overrides, N, *decay_phase,
+                 f"++resume.accept_changes=[scheduler.decay_steps:{DECAY},trainer.max_steps:{N}]")
     assert result["global_step"] == N
     assert_continues(decayed, uninterrupted, range(k, N))
     assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == stable_last

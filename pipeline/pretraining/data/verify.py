@@ -13,6 +13,11 @@ call gives a new ctime (or inode), which only the kernel sets. On a remote files
 time the store itself records for the object's last write count. Not the device number: it differs from node to node
 for the same NFS or Lustre file, so a requeue on another node would hash the whole set again. Training's
 `data.verify_checksums=full` (this command always) hashes every file whatever the record says.
+
+Training hashes on every node (pipeline/pretraining/checks.py): a copy staged to a node's local disk is that node's
+alone. The record keeps every identity a file was verified under, one per node-local copy (on a shared filesystem
+they are one): each node adds its own to what the file holds when it writes. Two nodes writing at once may lose one's
+additions, which only costs that node a hash at its next start.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from pipeline.core.file_stamp import file_stamp
 
 RECORD_NAME = "verified_shards.json"
 MODES = {True: "changed", False: None, "full": "full"}   # data.verify_checksums: what a start hashes
+_MOST_COPIES = 1024    # identities kept per file: one per node-local copy, bounded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +80,22 @@ def verify_shard_set(path: str, manifest: dict[str, Any] | None = None, threads:
     threads = threads or min(8, os.cpu_count() or 1, max(len(entries), 1))
     recorded = {} if full else _read_record(record)
     stats = {entry["path"]: _stat(path, entry["path"]) for entry in entries}
-    to_hash = [entry for entry in entries if recorded.get(_key(path, entry)) != _verified(entry, stats[entry["path"]])]
+    to_hash = [entry for entry in entries
+               if _verified(entry, stats[entry["path"]]) not in recorded.get(_key(path, entry), [])]
     started = time.perf_counter()
     bad = verify_files(path, to_hash, threads=threads)
     seconds = time.perf_counter() - started
     if record is not None:
         # The files that passed now or before, as they were when hashed (stat read before hashing: a file rewritten
-        # meanwhile has another ctime at the next start, and is hashed again then).
-        verified = {_key(path, entry): _verified(entry, stats[entry["path"]]) for entry in entries
-                    if entry["path"] not in bad and stats[entry["path"]] is not None}
-        write_atomically(record, json.dumps(verified, indent=1, sort_keys=True))
+        # meanwhile has another ctime at the next start, and is hashed again then), beside the identities other
+        # nodes' copies were verified under (read again now: they may have written since)
+        written = _read_record(record)
+        verified = {}
+        for entry in entries:
+            key, now = _key(path, entry), _verified(entry, stats[entry["path"]])
+            others = [v for v in written.get(key, []) if v != now and v.get("sha256") == entry["sha256"]]
+            verified[key] = (others + ([now] if entry["path"] not in bad and now is not None else []))[-_MOST_COPIES:]
+        write_atomically(record, json.dumps({k: v for k, v in verified.items() if v}, indent=1, sort_keys=True))
     return Verification(bad, len(entries), sum(int(e["bytes"]) for e in entries), seconds, threads,
                         len(to_hash), sum(int(e["bytes"]) for e in to_hash))
 
@@ -120,7 +132,11 @@ def _read_record(record: Path | None) -> dict[str, Any]:
         loaded = json.loads(Path(record).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}          # unreadable: verify everything again, and write it anew
-    return loaded if isinstance(loaded, dict) else {}
+    if not isinstance(loaded, dict):
+        return {}
+    # key -> the identities it was verified under (a record of an earlier version: one)
+    return {key: [value] if isinstance(value, dict) else [v for v in value if isinstance(v, dict)]
+            for key, value in loaded.items() if isinstance(value, (dict, list))}
 
 
 def main(argv: list[str] | None = None) -> int:
