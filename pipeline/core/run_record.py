@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline.core.atomic_files import write_atomically
 from pipeline.core.devices import is_first_process
-from pipeline.core.shaping import FIRST_START_ONLY, OPERATIONAL, leaves, names, without_keys
+from pipeline.core.shaping import FIRST_START_ONLY, OPERATIONAL, leaves, names, without_keys, without_later_defaults
 
 RECORD_NAME = "run_config.json"
 ACCEPT_KEY = "resume.accept_changes"
@@ -121,7 +121,8 @@ def accepted_keys(config: Mapping[str, Any]) -> list[str]:
 
 def _compared(entry: str, state: Mapping[str, Any]) -> dict[str, Any]:
     """Leaf -> value of what shapes a resumed run; a path that counts by content as its content."""
-    kept = without_keys(state["config"], (*OPERATIONAL.get(entry, ()), *FIRST_START_ONLY.get(entry, ())))
+    config = without_later_defaults(entry, state["config"])   # a setting added later, at its default: as before
+    kept = without_keys(config, (*OPERATIONAL.get(entry, ()), *FIRST_START_ONLY.get(entry, ())))
     flat = dict(leaves(kept))
     flat.update({key: {"content": digest} for key, digest in (state.get("inputs") or {}).items()})
     return flat

@@ -123,7 +123,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         pad_to_multiple_of=fixed_width_padding(cfg.data, cfg.model),
         val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)),
         # ModernBERT attends within each packed document: the batches say where each one is
-        document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"))
+        document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"),
+        batch_warmup=plan.batch_warmup)   # data.batch_warmup: the global batch ramps up (data/batch_warmup.py)
     module = BertPretrainingModule(
         model_config=plan.model_config.to_dict(), optimizer=OmegaConf.to_container(cfg.optimizer, resolve=True),
         scheduler={**OmegaConf.to_container(cfg.scheduler, resolve=True), "total_steps": plan.schedule_steps},
