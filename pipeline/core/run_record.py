@@ -44,7 +44,7 @@ from pipeline.core.accepted_changes import ABSENT, ACCEPT_KEY, entries_of
 from pipeline.core.atomic_files import write_atomically
 from pipeline.core.devices import is_first_process
 from pipeline.core.run_versions import describe_code
-from pipeline.core.shaping import FIRST_START_ONLY, OPERATIONAL, leaves, without_keys
+from pipeline.core.shaping import FIRST_START_ONLY, OPERATIONAL, leaves, without_keys, without_later_defaults
 
 RECORD_NAME = "run_config.json"
 INPUTS_IDENTITY = 2     # the shard set's content with its objective and masking (1: without)
@@ -177,7 +177,8 @@ def _comparable(recorded: dict[str, Any], now: InEffect) -> dict[str, Any]:
 
 def _compared(entry: str, state: Mapping[str, Any], with_resolved: bool) -> dict[str, Any]:
     """Leaf -> value of what shapes a resumed run; a path that counts by content as its content."""
-    kept = without_keys(state["config"], (*OPERATIONAL.get(entry, ()), *FIRST_START_ONLY.get(entry, ())))
+    config = without_later_defaults(entry, state["config"])   # a setting added later, at its default: as before
+    kept = without_keys(config, (*OPERATIONAL.get(entry, ()), *FIRST_START_ONLY.get(entry, ())))
     flat = dict(leaves(kept))
     flat.update({key: {"content": digest} for key, digest in (state.get("inputs") or {}).items()})
     resolved = state.get("resolved") or {}

@@ -49,8 +49,26 @@ OPERATIONAL: dict[str, tuple[str, ...]] = {
     "finetune": ("output_dir", "data.cache_dir", "data.num_workers", "data.eval_batch_size", "data.pad_to_multiple_of",
                  *_KERNELS, *_LOGGING),
 }
+# Settings added after runs were recorded, at the value that means "as before": there, the whole setting is left out
+# of what is compared (a stage's identity, a resume's record), so runs made before it existed keep their identity and
+# resume without a change named. Any other value shapes the run like any key.
+LATER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "train": {"data.batch_warmup": {"tokens": 0, "start_batch_size": None, "batch_size_increment": None}},
+}
 # What only a run's first start reads: a resume takes its weights from the checkpoint.
 FIRST_START_ONLY: dict[str, tuple[str, ...]] = {"train": ("init_from_checkpoint",)}
+
+
+def without_later_defaults(entry: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """config less each LATER_DEFAULTS setting of `entry` that is at its default."""
+    at_default = []
+    for key, default in LATER_DEFAULTS.get(entry, {}).items():
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping) and dict(node) == default:
+            at_default.append(key)
+    return without_keys(config, tuple(at_default))
 
 
 def leaves(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipeline.core.app import REPO_ROOT
 from pipeline.core.file_stamp import file_stamp, files_sha256
-from pipeline.core.shaping import OPERATIONAL, leaves, without_keys
+from pipeline.core.shaping import OPERATIONAL, leaves, without_keys, without_later_defaults
 from pipeline.orchestration import runs
 from pipeline.orchestration.workflow_config import ENTRY_SCRIPTS
 
@@ -64,7 +64,7 @@ class Checksums:
 
 def identity_document(entry: str, config: Mapping[str, Any], checksums: Checksums) -> dict[str, Any]:
     """What the stage's result depends on, readable: each run records it, so `plan` can say what changed."""
-    config = json.loads(json.dumps(without_keys(config, NOT_SHAPING.get(entry, ()))))
+    config = json.loads(json.dumps(without_keys(without_later_defaults(entry, config), NOT_SHAPING.get(entry, ()))))
     for key in EXTERNAL_INPUTS.get(entry, ()):
         *path, last = key.split(".")
         node = functools.reduce(lambda n, k: n.get(k) if isinstance(n, dict) else None, path, config)

@@ -29,6 +29,7 @@ from pipeline.core.run_record import InEffect, check_start
 from pipeline.core.run_versions import run_versions
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
+from pipeline.pretraining.data.batch_warmup import MAX_COMPILED_STAGES, BatchWarmup
 from pipeline.pretraining.trained_with import checkpoint_changes, module_hyper_parameters
 
 SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
@@ -187,6 +188,33 @@ def check_compile(cfg: DictConfig) -> None:
                          "or set model.compile=false")
 
 
+def check_batch_warmup(cfg: DictConfig, world: int, accumulation: int) -> BatchWarmup | None:
+    """data.batch_warmup (pipeline/pretraining/data/batch_warmup.py): every batch of the ramp must cut into the
+    world x accumulation passes of a step; one compiled graph per pass size, within torch's recompile limit; no CUDA
+    graphs (a capture per shape), no DeepSpeed (its config fixes the pass size, and the combination is untested), no
+    overfit_batches (it replays the first passes, of the ramp's first size). With data.micro_batch_size=auto on CUDA
+    the passes are known after the probe: the datamodule checks again then."""
+    warmup = BatchWarmup.from_config(cfg.data)
+    if warmup is None:
+        return None
+    warmup.check_divides(world * accumulation)
+    if (cfg.get("strategy") or {}).get("name") == "deepspeed":
+        raise ValueError("data.batch_warmup with DeepSpeed: its config fixes the pass size "
+                         "(train_micro_batch_size_per_gpu) and the ramp changes it; use strategy=ddp (or auto)")
+    if cfg.model.get("cuda_graphs"):
+        raise ValueError("data.batch_warmup with model.cuda_graphs: each stage of the ramp has a pass of its own "
+                         "size, and a CUDA graph replays one shape; set model.cuda_graphs=false")
+    sizes = warmup.pass_sizes(world * accumulation)
+    if cfg.model.get("compile") and len(sizes) > MAX_COMPILED_STAGES:
+        raise ValueError(f"data.batch_warmup with model.compile: the ramp has {len(sizes)} pass sizes, a compiled "
+                         f"graph each, past torch's recompile limit of {MAX_COMPILED_STAGES} (beyond it the passes "
+                         "would run uncompiled); raise data.batch_warmup.batch_size_increment")
+    if int(cfg.get("overfit_batches") or 0):
+        raise ValueError("data.batch_warmup with overfit_batches: the replayed passes are of the ramp's first size; "
+                         "turn one of them off")
+    return warmup
+
+
 def check_export(cfg: DictConfig) -> None:
     """Under DeepSpeed the Hugging Face export reads the fp32 master weights from the final checkpoint (the module's
     own copies are bf16 in DeepSpeed's bf16 mode, partitioned under ZeRO-3): it needs checkpoints/last.ckpt."""
@@ -275,6 +303,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_strategy_and_optimizer(cfg)
     check_export(cfg)
     check_compile(cfg)
+    check_batch_warmup(cfg, world, accumulation)
     Retention.from_config(cfg.callbacks.checkpoint)       # callbacks.checkpoint.keep_*: refused here, not at the start
     from pipeline.pretraining.data.verify import checksum_mode
     checksum_mode(cfg.data.get("verify_checksums", True))
@@ -318,6 +347,7 @@ class PretrainChecks:
         self.micro_batch = plan_micro_batch(cfg.data, self.trainer_cfg, self.world_size, self.output_dir,
                                             resume_from=self.ckpt_path)
         self.micro_batch_size, self.accumulation = self.micro_batch.size, self.micro_batch.accumulation
+        self.batch_warmup = check_batch_warmup(cfg, self.world_size, self.accumulation)
         self.init_from = _optional_path(cfg, "init_from_checkpoint")
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "

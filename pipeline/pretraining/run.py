@@ -129,7 +129,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         pad_to_multiple_of=fixed_width_padding(cfg.data, cfg.model),
         val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)),
         # ModernBERT attends within each packed document: the batches say where each one is
-        document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"))
+        document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"),
+        batch_warmup=plan.batch_warmup)   # data.batch_warmup: the global batch ramps up (data/batch_warmup.py)
     module = BertPretrainingModule(**plan.module_hyper_parameters)   # what its checkpoints carry, and resumes compare
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
         apply_fp8(module.model)   # refuses a device without FP8 first

@@ -5,6 +5,8 @@
     PretrainingCollator                                       padding, segments, (dynamic) masking (collator.py)
     PretrainingDataLoader(dataset, epoch_and_skip)             its DataLoader: epochs, worker transfer (loader.py)
     PretrainingDataModule(path, max_seq_length, ...)           the LightningDataModule, exact resume (datamodule.py)
+    BatchWarmup, StepStreamDataset                             batch-size warm-up: each step's rows a function of the
+                                                              step (batch_warmup.py, step_stream.py)
 
 datamodule is not imported here: it needs Lightning, which loader worker processes do not.
 """

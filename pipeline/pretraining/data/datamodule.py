@@ -18,6 +18,10 @@
 - val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
   share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
   training loader use: a run with validation trains, and resumes, exactly as one without.
+- batch_warmup (a BatchWarmup, data.batch_warmup): the rows of each step are a pure function of the step
+  (batch_warmup.py) and the stream is step_stream.py's, endless; the position is the count of micro-batches this
+  rank has consumed since the run's start (Lightning's), and a resume continues exactly, with any num_workers.
+  Without it nothing changes.
 - The layout includes the shuffle plan (epoch_plan.py): a resumed run keeps its checkpoint's plan for the rest of
   the run, so it goes on exactly as it would have; a checkpoint without one was written before plans had
   versions and resumes with plan 1; one of a plan this version does not know is refused, saying so.
@@ -38,9 +42,11 @@ except ImportError:  # only the unified `lightning` package is installed
     import lightning.pytorch as pl
 
 from pipeline.pretraining.data import epoch_plan
+from pipeline.pretraining.data.batch_warmup import BatchWarmup
 from pipeline.pretraining.data.dataset import PretrainingDataset
 from pipeline.pretraining.data.loader import PretrainingDataLoader, pin_memory_default
 from pipeline.pretraining.data.shard_set import ShardSet
+from pipeline.pretraining.data.step_stream import StepStreamDataset
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +58,10 @@ warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` 
 class PretrainingDataModule(pl.LightningDataModule):
     def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
                  seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None, unpad: bool = False,
-                 document_layout: bool = False, masked_lm_prob: float | None = None):
+                 document_layout: bool = False, masked_lm_prob: float | None = None,
+                 batch_warmup: BatchWarmup | None = None):
         super().__init__()
+        self.batch_warmup = batch_warmup
         self.path = str(path)
         self.val_path = str(val_path) if val_path else None
         self.max_seq_length = max_seq_length
@@ -87,13 +95,19 @@ class PretrainingDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> PretrainingDataLoader:
         self.setup()
         rank, world_size = self._rank_and_world_size()
+        device = self.trainer.strategy.root_device if self.trainer is not None else None
+        if self.batch_warmup is not None:
+            dataset = StepStreamDataset(self.shard_set, self.batch_warmup, self.accumulation, rank=rank,
+                                        world_size=world_size, num_workers=self.num_workers, seed=self.seed,
+                                        pad_to_multiple_of=self.pad_to_multiple_of, unpad=self.unpad,
+                                        document_layout=self.document_layout, masked_lm_prob=self.masked_lm_prob)
+            return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
         dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=self.num_workers, seed=self.seed,
                                      pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan,
                                      unpad=self.unpad, document_layout=self.document_layout,
                                      masked_lm_prob=self.masked_lm_prob)
         self._batches_per_epoch = len(dataset)
-        device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
 
     def val_dataloader(self) -> PretrainingDataLoader | list:
@@ -113,6 +127,9 @@ class PretrainingDataModule(pl.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """{epoch, batches of it this rank has consumed}, and the layout that position holds for."""
         position = self._batches_processed()
+        if position is not None and self.batch_warmup is not None:
+            return {"micro_batches_consumed": position, "batch_warmup": self.batch_warmup.describe(),
+                    "accumulation": self.accumulation, **self._layout()}
         if position is None or self._batches_per_epoch is None:
             return {}
         epoch, consumed = divmod(position, self._batches_per_epoch)
@@ -122,6 +139,15 @@ class PretrainingDataModule(pl.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Checks the layout: the position itself comes back with Lightning's restored batch count."""
         if not state_dict:
+            return
+        if _warmup_of(state_dict) != (self.batch_warmup.describe() if self.batch_warmup else None):
+            raise ValueError(
+                f"the checkpoint's data position was counted {_plan_named(_warmup_of(state_dict))}, and this run "
+                f"reads {_plan_named(self.batch_warmup and self.batch_warmup.describe())}: the same count of batches "
+                "would be other rows. Resume with the checkpoint's data.batch_warmup settings")
+        if self.batch_warmup is not None:
+            self._check_warmup_layout(state_dict)
+            self._loaded_state = dict(state_dict)
             return
         self.shuffle_plan = _shuffle_plan_of(state_dict)
         state_dict = {**state_dict, "shuffle_plan": self.shuffle_plan}
@@ -133,6 +159,21 @@ class PretrainingDataModule(pl.LightningDataModule):
                 f"{', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}): the position is kept as a count "
                 "of batches, so some rows of this epoch will be seen twice and others not at all", stacklevel=2)
         self._loaded_state = dict(state_dict)
+
+    def _check_warmup_layout(self, state_dict: dict[str, Any]) -> None:
+        """The position counts this rank's micro-batches: other rows if the passes per step or the ranks changed."""
+        now = {"world_size": self._rank_and_world_size()[1], "accumulation": self.accumulation, "seed": self.seed}
+        changed = {key: (state_dict.get(key), value) for key, value in now.items() if state_dict.get(key) != value}
+        if changed:
+            warnings.warn(
+                f"resuming under batch warm-up with a different data layout ("
+                f"{', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changed.items())}): the position is kept as a count "
+                "of this rank's micro-batches, so the steps from here take other rows", stacklevel=2)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per step on each rank (the full global batch = pass x accumulation x ranks)."""
+        return self.batch_warmup.full_batch_size // (self._rank_and_world_size()[1] * self.micro_batch_size)
 
     # -- without Lightning ----------------------------------------------------------------------------------
 
@@ -169,6 +210,13 @@ class PretrainingDataModule(pl.LightningDataModule):
         position = self._batches_processed()
         if position is None:
             return self.epoch, 0
+        if self.batch_warmup is not None:   # one endless stream: the position is all there is
+            state, self._loaded_state = self._loaded_state, None
+            if state is not None and state.get("micro_batches_consumed", position) != position:
+                warnings.warn(f"the checkpoint's data position ({state['micro_batches_consumed']} micro-batches) "
+                              f"differs from Lightning's restored batch count ({position}); following Lightning's",
+                              stacklevel=2)
+            return 0, position
         if self._loaded_state is not None:
             state, self._loaded_state = self._loaded_state, None
             if state.get("batches_per_epoch") == self._batches_per_epoch:
@@ -177,6 +225,14 @@ class PretrainingDataModule(pl.LightningDataModule):
                     warnings.warn(f"the checkpoint's data position ({expected} batches) differs from Lightning's "
                                   f"restored batch count ({position}); following Lightning's", stacklevel=2)
         return divmod(position, self._batches_per_epoch)
+
+
+def _warmup_of(state: dict[str, Any]) -> dict[str, int] | None:
+    return state.get("batch_warmup")
+
+
+def _plan_named(warmup: dict[str, int] | None) -> str:
+    return f"under batch warm-up {warmup}" if warmup else "without batch warm-up"
 
 
 def _shuffle_plan_of(state: dict[str, Any]) -> int:
