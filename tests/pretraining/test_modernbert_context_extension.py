@@ -40,7 +40,7 @@ def phase1_run(tmp_path_factory):
     shards = _prepare(tmp_path_factory, "sample_modern")
     out = tmp_path_factory.mktemp("phase1") / "out"
     result = train(compose("train", ["model=modernbert_tiny", "data=sample_modern", f"data.path={shards}",
-                                     f"output_dir={out}", "model.global_rope_theta=10000",
+                                     f"output_dir={out}", "model.global_rope_theta=10000.0",
                                      "model.max_position_embeddings=1024", "data.global_batch_size=4",
                                      "data.micro_batch_size=4", "trainer.max_steps=3", "scheduler.warmup_steps=1",
                                      "export.plot=false", *QUIET]))
