@@ -266,12 +266,15 @@ def load_pretraining_weights(model: PretrainingModel, path: str | Path,
                              pretrained: Pretrained | None = None) -> None:
     """Every tensor of `model` (BertForPreTraining: encoder, pooler, MLM and NSP heads; ModernBertForMaskedLM: encoder,
     prediction head, decoder bias) from the checkpoint at `path`, in any format load_pretrained reads; refuses a
-    checkpoint of the other family, or one that lacks any of them or holds others (another model size, a fine-tuned
-    model, the other pre-training objective)."""
+    checkpoint of the other family, one of another architecture (pipeline/core/architecture_match.py: equal but for
+    what a context extension changes, ModernBERT's RoPE thetas and longest sequence), or one that lacks any of them
+    or holds others (a fine-tuned model, the other pre-training objective)."""
     from model.hf_conversion import pretraining_heads_from_hf
+    from pipeline.core.architecture_match import check_same_architecture
 
     pretrained = pretrained or load_pretrained(path, find_tokenizer=False)
     check_same_family(model.config, pretrained.config, path)
+    check_same_architecture(model.config, pretrained.config, path)
     if pretrained.has_next_sentence_head != model.next_sentence_prediction:
         objective = {True: "mlm_nsp (with next-sentence prediction)", False: "mlm (MLM only)"}
         raise ValueError(f"{path} was pre-trained with objective {objective[pretrained.has_next_sentence_head]}, and "

@@ -24,6 +24,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DeepSpeedStrategy
 
 from model.architectures import is_modernbert, pretraining_model
+from pipeline.core.architecture_match import context_extension_changes, describe_changes
 from pipeline.core.callbacks.progress import StepProgressBar
 from pipeline.core.callbacks.rollback import MoveLaterCheckpointsAside
 from pipeline.core.callbacks.run_record import WriteRunRecord
@@ -140,6 +141,9 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         check_init_vocabulary(pretrained.tokenizer_source, plan.shard_set, plan.init_from)
         load_pretraining_weights(module.model, plan.init_from, pretrained)
         log.info("initialised the weights from %s (new optimizer and schedule)", plan.init_from)
+        extended = context_extension_changes(module.model.config, pretrained.config)
+        if extended:   # ModernBERT's context extension: the same weights, new thetas from the first step
+            log.info("context extension from %s: %s", plan.init_from, describe_changes(extended))
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
     callbacks, checkpoint_callback = _build_callbacks(cfg, checkpoint_dir,
