@@ -27,13 +27,24 @@ from pipeline.core import app  # first: silences known noise, registers the conf
 from pipeline.core.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
-STOPPED_BY: list[int] = []    # SIGINT, once received
+STOPPED_BY: list[int] = []    # SIGINT or SIGTERM, once received
 START_CHECKS = ("pipeline.pretraining.checks",)   # their ValueError or OSError refuses the run (app.refused)
 
 
 def _note_interrupt(signum: int, frame) -> None:
     STOPPED_BY.append(signum)
     signal.default_int_handler(signum, frame)    # KeyboardInterrupt, as without this handler
+
+
+def _note_termination(signum: int, frame) -> None:
+    """SIGTERM: noted, so that whatever the run raises after it ends as a stop (143), not a failure. SLURM's `scancel
+    --signal=TERM` reaches every process of the step, the loader workers too: one killed makes the rank raise
+    "DataLoader worker ... is killed by signal: Terminated" wherever it is (a checkpoint's write included), before
+    Lightning's own handler (which calls this one too, during the fit) stops the fit at a step boundary. Outside the
+    fit (the checks, the export) this is the only handler: the run stops here, as SIGTERM's default would stop it."""
+    STOPPED_BY.append(signum)
+    if signal.getsignal(signal.SIGTERM) is _note_termination:
+        sys.exit(128 + signum)
 
 
 @hydra.main(config_path="../conf/training", config_name="train", version_base="1.3")
@@ -47,7 +58,7 @@ def main(cfg: DictConfig) -> None:
         # run's status. A requeue never ends here: its ranks ignore SIGTERM from the save on (requeue.py).
         sys.exit(128 + signal.SIGTERM)
     except BaseException as error:
-        if STOPPED_BY:    # Lightning turns Ctrl-C into sys.exit(1), as any failure: say it was a stop
+        if STOPPED_BY:    # Lightning turns Ctrl-C into sys.exit(1), as any failure; a SIGTERM's loader error: a stop
             sys.exit(128 + STOPPED_BY[0])
         if app.refused(error, START_CHECKS):
             app.exit_refused(error)
@@ -60,4 +71,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, _note_interrupt)
+    signal.signal(signal.SIGTERM, _note_termination)
     main()

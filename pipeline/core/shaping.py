@@ -53,7 +53,9 @@ OPERATIONAL: dict[str, tuple[str, ...]] = {
 # of what is compared (a stage's identity, a resume's record), so runs made before it existed keep their identity and
 # resume without a change named. Any other value shapes the run like any key.
 LATER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "train": {"data.batch_warmup": {"tokens": 0, "start_batch_size": None, "batch_size_increment": None}},
+    "train": {"data.batch_warmup": {"tokens": 0, "start_batch_size": None, "batch_size_increment": None},
+              # ModernBERT's RoPE thetas, named in model/modernbert_*.yaml since the context extension (issue 47)
+              "model.global_rope_theta": 160000.0, "model.local_rope_theta": 10000.0},
 }
 # What only a run's first start reads: a resume takes its weights from the checkpoint.
 FIRST_START_ONLY: dict[str, tuple[str, ...]] = {"train": ("init_from_checkpoint",)}
@@ -66,7 +68,7 @@ def without_later_defaults(entry: str, config: Mapping[str, Any]) -> dict[str, A
         node: Any = config
         for part in key.split("."):
             node = node.get(part) if isinstance(node, Mapping) else None
-        if isinstance(node, Mapping) and dict(node) == default:
+        if (dict(node) == default) if isinstance(node, Mapping) else (node is not None and node == default):
             at_default.append(key)
     return without_keys(config, tuple(at_default))
 

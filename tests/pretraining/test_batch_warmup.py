@@ -158,16 +158,16 @@ def test_the_run_checks_refuse_what_the_ramp_cannot_run_with():
 
 
 def test_a_run_recorded_before_the_setting_existed_resumes_and_turning_it_on_is_a_change(tmp_path):
-    from pipeline.core.run_record import ResumeRefused, check_start
+    from pipeline.core.run_record import InEffect, ResumeRefused, check_start
 
     before = {"seed": 1, "data": {"global_batch_size": 8}}
-    check_start(tmp_path, "train", before, resuming_from=None, inputs={}).write(step=0)
+    check_start(tmp_path, "train", InEffect(before, inputs={}), resuming_from=None).write(step=0)
     default = {"tokens": 0, "start_batch_size": None, "batch_size_increment": None}
     now = {"seed": 1, "data": {"global_batch_size": 8, "batch_warmup": default}}
-    assert check_start(tmp_path, "train", now, resuming_from="step2.ckpt", inputs={}).accepted == {}
+    assert check_start(tmp_path, "train", InEffect(now, inputs={}), resuming_from="step2.ckpt").accepted == {}
     on = {"seed": 1, "data": {"global_batch_size": 8, "batch_warmup": {**default, "tokens": 100}}}
     with pytest.raises(ResumeRefused, match="data.batch_warmup.tokens"):
-        check_start(tmp_path, "train", on, resuming_from="step2.ckpt", inputs={})
+        check_start(tmp_path, "train", InEffect(on, inputs={}), resuming_from="step2.ckpt")
 
 
 def test_a_checkpoint_counted_in_the_other_plan_is_refused():
