@@ -145,15 +145,6 @@ def check_start(output_dir: Path, entry: str, now: InEffect, resuming_from: str 
     return StartCheck(path, shown, document, begins="accepted")
 
 
-def differences(entry: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """{key: (old, new) as shown} of what shapes a resumed run, between two {config, inputs} states."""
-    return {key: (_shown(key, old, a), _shown(key, new, b)) for key, (a, b) in _changes(entry, old, new).items()}
-
-
-def accepted_keys(config: Mapping[str, Any]) -> list[str]:
-    return [entry.key for entry in entries_of(config)]
-
-
 def _changes(entry: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (old, new) values} of what shapes a resumed run; the machine's share only where both states have it."""
     both = bool(old.get("resolved")) and bool(new.get("resolved"))
