@@ -106,12 +106,17 @@ def check_start(output_dir: Path, entry: str, now: InEffect, resuming_from: str 
                                      "accepted_changes": []})
     record = _read(path)
     if record is None:
+        # A checkpoint of another run directory (resume.continue_from: a decay phase from its stable run), or a run
+        # begun before records were kept: what the checkpoint was trained with is all there is to compare
+        another_run = Path(resuming_from).resolve().parent.parent != Path(output_dir).resolve()
         if is_first_process():
-            log.warning("resuming %s without a record of the run's config (no %s: a run begun before records were "
-                        "kept, or a checkpoint of another run directory): only the checkpoint's own hyper-parameters "
-                        "can be compared", resuming_from, path)
-        first = {**in_effect, "note": f"recorded at a resume from {resuming_from}: the run began before its config "
-                                      "was recorded here"}
+            log.warning("resuming %s without a record of the run's config here (no %s: %s): only the checkpoint's "
+                        "own hyper-parameters can be compared", resuming_from, path,
+                        "it is a checkpoint of another run directory" if another_run else
+                        "a run begun before records were kept")
+        first = {**in_effect, "note": f"recorded at a resume from {resuming_from}: " + (
+            "a checkpoint of another run directory, continued here" if another_run else
+            "the run began before its config was recorded here")}
         document = {"entry": entry, "first_start": first, "in_effect": in_effect, "accepted_changes": []}
         old = None
     else:

@@ -41,8 +41,9 @@ _KERNELS = ("trainer.accelerator", "trainer.deterministic", "optimizer.fused")
 # reads are not here: they count by their content (the workflow: identity.py; a resume: the shard set's manifest).
 OPERATIONAL: dict[str, tuple[str, ...]] = {
     "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
-    "train": ("output_dir", "ckpt_path", "resume", "require_init_from_checkpoint", "data.verify_checksums",
-              "data.micro_batch_margin", "data.pad_to_multiple_of", "data.unpad", "model.compile",
+    "train": ("output_dir", "ckpt_path", "resume", "require_init_from_checkpoint", "require_resume",
+              "data.verify_checksums", "data.micro_batch_margin", "data.pad_to_multiple_of", "data.unpad",
+              "model.compile",
               "model.attention_backend",   # ModernBERT's SDPA or FlexAttention: the same attention, other kernels
               "model.cuda_graphs", "trainer.benchmark", "trainer.num_sanity_val_steps", "validation",
               "callbacks.checkpoint", "callbacks.throughput", *_KERNELS, *_LOGGING),

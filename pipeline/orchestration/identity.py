@@ -22,10 +22,10 @@ from pipeline.orchestration.workflow_config import ENTRY_SCRIPTS
 
 # What shapes no result: the operational keys (pipeline/core/shaping.py), and the paths wired from earlier stages,
 # whose content counts through their sentinels (each key tested both ways in tests/orchestration/test_identity.py).
-WIRED_INPUTS = {"train": ("data.path", "init_from_checkpoint"), "finetune": ("init",)}
+WIRED_INPUTS = {"train": ("data.path", "init_from_checkpoint", "resume.continue_from"), "finetune": ("init",)}
 NOT_SHAPING = {entry: (*keys, *WIRED_INPUTS.get(entry, ())) for entry, keys in OPERATIONAL.items()}
 # Paths to files from outside the workflow: they count by their content.
-EXTERNAL_INPUTS = {"data_prep": ("inputs", "vocab.file"),
+EXTERNAL_INPUTS = {"data_prep": ("inputs", "vocab.file", "tokenizer.file"),
                    "finetune": ("data.dir", "data.train", "data.dev", "data.test", "tokenizer")}
 PACKAGES = ("torch", "pytorch-lightning", "deepspeed", "transformers", "tokenizers")
 

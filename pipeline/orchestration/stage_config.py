@@ -51,7 +51,10 @@ def wired_overrides(entry: str, inputs: Mapping[str, Path], run_dir: Path) -> li
         # save_last: its readers read checkpoints/last.ckpt; ckpt_path=auto: a requeued or relaunched stage resumes
         wired = [f"data.path={inputs['shards']}", f"hydra.run.dir={run_dir}", "ckpt_path=auto",
                  "callbacks.checkpoint.save_last=true"]
-        return wired + ([f"init_from_checkpoint={inputs['init'] / runs.LAST_CHECKPOINT}"] if "init" in inputs else [])
+        wired += [f"init_from_checkpoint={inputs['init'] / runs.LAST_CHECKPOINT}"] if "init" in inputs else []
+        # A run without checkpoints of its own yet starts from its resume input's; a requeue resumes its own
+        return wired + ([f"resume.continue_from={inputs['resume'] / runs.LAST_CHECKPOINT}"] if "resume" in inputs
+                        else [])
     if entry == "finetune":
         return [f"init={inputs['init']}", f"hydra.run.dir={run_dir}"]
     if entry == "export":

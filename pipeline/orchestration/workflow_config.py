@@ -16,7 +16,9 @@ STATE_DIR = "_workflow"          # <root>/_workflow/: launches, the code snapsho
 REPORT_STAGE = "report"
 # What each entry produces, and the inputs it takes (role -> what it must be given).
 PRODUCES = {"data_prep": "shards", "train": "checkpoint", "export": "model", "finetune": "scores"}
-INPUT_ROLES = {"data_prep": {}, "train": {"shards": ("shards",), "init": ("checkpoint",)},
+# A train stage's init: the weights of an earlier run (phase 2 from phase 1); its resume: that run's final checkpoint
+# resumed whole, optimizer and position with it (a warmup-stable-decay decay from its stable phase).
+INPUT_ROLES = {"data_prep": {}, "train": {"shards": ("shards",), "init": ("checkpoint",), "resume": ("checkpoint",)},
                "export": {"checkpoint": ("checkpoint",), "tokenizer": ("shards",)},
                "finetune": {"init": ("model", "checkpoint")}, "report": {}}
 REQUIRED_INPUTS = {"train": ("shards",), "export": ("checkpoint",), "finetune": ("init",)}

@@ -17,11 +17,9 @@ from data_prep.content_identity import shard_bytes_content, shard_set_content
 from model.architectures import EncoderConfig, config_from_preset, family_name, is_modernbert
 from model.modernbert.config import PRESETS as MODERNBERT_PRESETS
 from pipeline.core import app, devices
-from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
 from pipeline.core.checkpoint_retention import Retention
-from pipeline.core.devices import batch_split, is_first_process, is_first_process_on_node
+from pipeline.core.devices import batch_split, is_first_process_on_node
 from pipeline.core.fp8 import check_fp8_settings
-from pipeline.core.fresh_start import check_start_over
 from pipeline.core.loggers import check_logger_config
 from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
 from pipeline.core.optim import PER_TENSOR_OPTIMIZERS, check_optimizer_config, schedule_factor, warmup_steps_of
@@ -30,6 +28,7 @@ from pipeline.core.run_versions import run_versions
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
 from pipeline.pretraining.data.batch_warmup import MAX_COMPILED_STAGES, BatchWarmup
+from pipeline.pretraining.resume_point import checkpoint_to_resume, optional_path
 from pipeline.pretraining.trained_with import checkpoint_changes, module_hyper_parameters
 
 SAMPLE_SHARDS = app.REPO_ROOT / "outputs" / "shards" / "sample"
@@ -50,11 +49,6 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     if name not in MODERNBERT_PRESETS:
         fields.pop("attention_backend", None)   # ModernBERT's two attention paths; BERT has one
     return config_from_preset(name, **fields)
-
-
-def _optional_path(cfg: DictConfig, key: str) -> str | None:
-    value = cfg.get(key)
-    return None if value in (None, "") else str(value)
 
 
 def _open_shard_set(cfg: DictConfig, model_config: EncoderConfig, output_dir: Path):
@@ -134,24 +128,6 @@ def check_documents_for_model(shard_set, model_config: EncoderConfig, path: str)
         raise ValueError(f"shard set {path} records no document boundaries (made before data prep wrote them, "
                          f"manifest format {shard_set.manifest.get('format_version')}); a ModernBERT model attends "
                          f"within each document and would attend across them: {remedy}")
-
-
-def _newest_checkpoint(output_dir: Path, required: bool = True) -> str | None:
-    """ckpt_path=last: the newest complete checkpoint of the run in output_dir (a write killed half-way leaves
-    only a temporary file, removed here, and the previous checkpoint whole). ckpt_path=auto (required=False): the
-    same, or None when the run has none yet; refused where it has checkpoints, none complete (fresh_start.py)."""
-    if is_first_process():
-        for partial in remove_partial_checkpoints(output_dir / CHECKPOINT_DIR, output_dir):
-            log.info("removed %s, left by an interrupted checkpoint write", partial)
-    newest = newest_complete_checkpoint(output_dir / CHECKPOINT_DIR, output_dir)
-    if newest is None and not required:
-        check_start_over(output_dir, "ckpt_path=auto")   # a run with checkpoints, none usable: refused, not redone
-        return None
-    if newest is None:
-        raise FileNotFoundError(f"ckpt_path=last: no complete checkpoint in {output_dir / CHECKPOINT_DIR} (pass the "
-                                "run's output_dir=..., or start without ckpt_path)")
-    log.info("resuming from %s, the newest complete checkpoint", newest)
-    return str(newest)
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
@@ -315,11 +291,16 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),
                           gradient_clip_val=trainer_cfg.get("gradient_clip_val"), micro_batch_size=micro_batch_size,
                           accumulate_grad_batches=accumulation)
-    starts_from_weights = _optional_path(cfg, "init_from_checkpoint") or _optional_path(cfg, "ckpt_path")
+    starts_from_weights = optional_path(cfg, "init_from_checkpoint") or optional_path(cfg, "ckpt_path")
     if cfg.get("require_init_from_checkpoint") and not starts_from_weights:
         raise ValueError("this experiment starts from the weights of an earlier run (phase 2 from phase 1): "
                          "pass init_from_checkpoint=<phase-1 output_dir>/checkpoints/last.ckpt (a .ckpt file, "
                          "a DeepSpeed checkpoint directory or an hf_export directory)")
+    resumes = optional_path(cfg, "ckpt_path") or optional_path(cfg.get("resume") or {}, "continue_from")
+    if cfg.get("require_resume") and not resumes:
+        raise ValueError("this experiment continues a stable phase's run (the decay of warmup-stable-decay, with its "
+                         "optimizer, schedule and data position): pass resume.continue_from=<the stable phase's "
+                         "output_dir>/checkpoints/step<N>.ckpt (or last.ckpt), into an output_dir of its own")
     check_logger_config(cfg.logger)
     return RunShape(model_config, trainer_cfg, world, micro_batch_size, accumulation, max_steps, schedule_steps,
                     warmup_steps)
@@ -335,11 +316,7 @@ class PretrainChecks:
         self.model_config, self.trainer_cfg, self.world_size = shape.model_config, shape.trainer_cfg, shape.world_size
         self.max_steps = shape.max_steps
         self.schedule_steps, self.warmup_steps = shape.schedule_steps, shape.warmup_steps
-        self.ckpt_path = _optional_path(cfg, "ckpt_path")
-        if self.ckpt_path in ("last", "auto"):   # auto: resume if the run has a checkpoint, else start (the workflow)
-            self.ckpt_path = _newest_checkpoint(self.output_dir, required=self.ckpt_path == "last")
-        elif self.resumes_from is None:          # a plain start: never over a run's checkpoints or record
-            check_start_over(self.output_dir, "ckpt_path=null")
+        self.ckpt_path = checkpoint_to_resume(cfg, self.output_dir)
         if self.ckpt_path is not None and not Path(self.ckpt_path).exists():
             raise FileNotFoundError(f"ckpt_path={self.ckpt_path} does not exist (resume from a run's "
                                     f"{CHECKPOINT_DIR}/last.ckpt or {CHECKPOINT_DIR}/step*.ckpt)")
@@ -348,7 +325,7 @@ class PretrainChecks:
                                             resume_from=self.ckpt_path)
         self.micro_batch_size, self.accumulation = self.micro_batch.size, self.micro_batch.accumulation
         self.batch_warmup = check_batch_warmup(cfg, self.world_size, self.accumulation)
-        self.init_from = _optional_path(cfg, "init_from_checkpoint")
+        self.init_from = optional_path(cfg, "init_from_checkpoint")
         if self.init_from is not None and not Path(self.init_from).exists():
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")

@@ -33,21 +33,50 @@ def cluster_inputs(tmp_path, monkeypatch):
         (corpus / folder).mkdir(parents=True)
         (corpus / folder / name).touch()
     monkeypatch.setenv("WANDB_API_KEY", "test-key-for-the-mode-check")     # bert_base logs to W&B online
+    (tmp_path / "tokenizer.json").write_text("{}")   # ModernBERT's workflows name one; counted by content only
     return ["workflow.corpus_root=" + str(corpus), f"workflow.env.GLUE_DIR={tmp_path / 'glue'}",
-            f"workflow.env.SQUAD_DIR={tmp_path / 'squad'}", f"workflow.root={tmp_path / 'wf'}"]
+            f"workflow.env.SQUAD_DIR={tmp_path / 'squad'}", f"workflow.root={tmp_path / 'wf'}",
+            f"workflow.tokenizer={tmp_path / 'tokenizer.json'}"]
+
+
+TRAIN_SHAPES = {   # the processes of each pre-training stage, as the workflows declare them
+    "bert_base": {"pretrain_phase1": 32, "pretrain_phase2": 32},
+    "bert_large": {"pretrain_phase1": 64, "pretrain_phase2": 64},
+    "modernbert_base": {"pretrain_phase1": 32, "pretrain_context": 32, "pretrain_decay": 32},
+    "modernbert_large": {"pretrain_phase1": 32, "pretrain_context": 8, "pretrain_decay": 8},
+}
 
 
 @pytest.mark.parametrize("name", available_workflows())
 def test_every_shipped_workflow_passes_its_stages_checks_at_their_declared_shape(name, cluster_inputs):
-    inputs = cluster_inputs if name != "tiny" else cluster_inputs[1:]    # tiny reads the bundled sample
+    inputs = cluster_inputs if name not in ("tiny", "modernbert_tiny") else cluster_inputs[1:]   # the bundled sample
     workflow = load_workflow([f"+workflow={name}", *inputs])
     _task_files(workflow)
     specs = stage_specs(workflow)          # raises on the first refusal
     shapes = {s.name: s.world_size for s in workflow.stages if s.entry == "train"}
-    if name.startswith("bert_"):
-        assert shapes == {"pretrain_phase1": 32 if name == "bert_base" else 64,
-                          "pretrain_phase2": 32 if name == "bert_base" else 64}
+    if name in TRAIN_SHAPES:
+        assert shapes == TRAIN_SHAPES[name]
     assert {s.entry for s in specs.values()} >= {"data_prep", "train", "export", "finetune", "report"}
+
+
+def test_modernbert_large_context_extension_on_four_nodes_is_refused_before_the_first_job(cluster_inputs):
+    """Its batch of 616 (ModernBERT-large's) splits over 8 GPUs, not 32: refused before anything runs, naming both."""
+    workflow = load_workflow(["+workflow=modernbert_large", *cluster_inputs,
+                              "workflow.stages.pretrain_context.resources.nodes=4"])
+    _task_files(workflow)
+    with pytest.raises(WorkflowError, match=r"stage pretrain_context \(train\) refused at 4 node\(s\) x 8 "
+                                            r"process\(es\): data.global_batch_size=616 does not divide over .* 32"):
+        stage_specs(workflow)
+
+
+def test_a_decay_stage_without_the_run_it_continues_is_refused(cluster_inputs):
+    """The decay phase resumes its stable phase's last checkpoint (input `resume`); without it, it would decay from
+    random weights: refused before anything runs."""
+    workflow = load_workflow(["+workflow=modernbert_base", *cluster_inputs,
+                              "~workflow.stages.pretrain_decay.inputs.resume"])
+    _task_files(workflow)
+    with pytest.raises(WorkflowError, match="stage pretrain_decay .* resume.continue_from"):
+        stage_specs(workflow)
 
 
 def test_a_batch_that_does_not_split_over_the_declared_gpus_is_refused(cluster_inputs):

@@ -83,3 +83,30 @@ def test_the_decay_as_its_own_phase_from_a_stable_checkpoint_is_the_uninterrupte
     assert result["global_step"] == N
     assert_continues(decayed, uninterrupted, range(k, N))
     assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == stable_last
+
+
+@pytest.mark.slow
+def test_the_decay_continued_from_another_runs_checkpoint_resumes_its_own_after_a_requeue(
+        small_shards, tiny_overrides, tmp_path, uninterrupted):
+    """The workflow's decay stage: ckpt_path=auto with resume.continue_from=<the stable run's checkpoint>, the keys it
+    changes accepted by name. Its first start continues the stable run's step-8 checkpoint (the uninterrupted run's
+    tail); started again after losing its newest checkpoints (a requeue after a crash), it resumes its own step-9
+    one, not the stable run's again, and the steps it trains again are the same."""
+    k = N - DECAY
+    stable = tmp_path / "stable"
+    run(small_shards, stable, tiny_overrides, k, "scheduler.decay_steps=0")
+    decayed = tmp_path / "decay"
+    decay_phase = ("ckpt_path=auto", f"resume.continue_from={stable / 'checkpoints' / 'last.ckpt'}",
+                   f"scheduler.decay_steps={DECAY}",
+                   "++resume.accept_changes=[scheduler.decay_steps,trainer.max_steps]",
+                   "callbacks.checkpoint.every_n_train_steps=1")
+    assert run(small_shards, decayed, tiny_overrides, N, *decay_phase)["global_step"] == N
+    assert_continues(decayed, uninterrupted, range(k, N))
+    for name in ("last.ckpt", *(f"step{s:07d}.ckpt" for s in range(k + 2, N + 1))):
+        (decayed / "checkpoints" / name).unlink()
+    assert run(small_shards, decayed, tiny_overrides, N, *decay_phase)["global_step"] == N
+    assert_continues(decayed, uninterrupted, range(k, N))
+    with open(decayed / "csv" / "metrics.csv", newline="") as handle:
+        trained = [int(row["step"]) for row in csv.DictReader(handle) if row.get("train/loss")]
+    # Step k once (the first start), k + 1 onwards twice: the second start went on from its own step-(k + 1) state
+    assert {s: trained.count(s) for s in range(k, N)} == {k: 1, **{s: 2 for s in range(k + 1, N)}}
