@@ -1,0 +1,141 @@
+"""protocol.md's report, rebuilt from <out> alone: each run's budget, held-out MLM accuracy and plateau exit, each
+arm's gains over its random twins with the protocol's intervals, the primary endpoint's verdict. What has not finished
+is shown as not finished; nothing is left out for what it shows.
+
+    build_report(out, quick)   -> <out>/report/report.md and results.json
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import earlier_study  # noqa: F401  (the first studies' modules on the path)
+from benchmarks_common import metrics_rows
+from modern_arms import CELLS, MODERN, PRIMARY_CELL, QUICK_FINETUNE_SEEDS, TINY, budget
+from study_evidence import exit_step, highest_window
+from study_pairing import CELL_METRIC
+from study_record import RECORD as FIRST_RECORD
+from study_results import collect
+from study_stats import paired, two_level, two_level_verdict
+
+CELL_NAMES = {("stsb", "full"): "STS-B Pearson (full training set)", ("sst2", "1000"): "SST-2 at 1,000 labels"}
+FINETUNE_SEEDS_PER_RUN = 5
+
+
+def _fmt(mean, low=None, high=None) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:+.4f}" if low is None else f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
+def _values(cells: dict, arm: str, cell: tuple[str, str]) -> dict[int, float]:
+    return {seed: float(record["metrics"][CELL_METRIC[cell[0]]])
+            for seed, record in cells.get(arm, {}).get(cell, {}).items()}
+
+
+def reading(found: dict) -> str:
+    """protocol.md section 6's decision rule, once the verdict is decided: where the interval over runs lies."""
+    if found["verdict"] not in ("met", "not met"):
+        return found["verdict"]
+    runs = found["over_runs"]
+    if runs["low"] > 0:
+        return "above 0: the modern recipe makes general text pay on STS-B at this budget and size"
+    if runs["high"] < 0:
+        return "below 0: the pre-trained encoder is worse than random initialisation on STS-B"
+    return "containing 0: a gain is not shown"
+
+
+def run_summary(out: Path, name: str) -> dict:
+    run = out / "pretrain" / name
+    if not (run / "DONE").is_file():
+        return {"run": name, "finished": False}
+    done = json.loads((run / "DONE").read_text())
+    rows = metrics_rows(run)
+    exit_at = exit_step(rows)
+    return {"run": name, "finished": True, "steps": done["steps"], "heldout_mlm_acc": done["heldout_mlm_acc"],
+            "exit_step": exit_at, "exit_share": None if exit_at is None else (exit_at + 1) / done["steps"],
+            "highest_window": highest_window(rows)}
+
+
+def arm_gains(cells: dict, arm, runs: tuple[int, ...], cell: tuple[str, str], seeds_per_run: int) -> dict:
+    """Per run: the paired gain over its twin (interval over its fine-tuning seeds, study_stats.paired); over the runs:
+    study_stats.two_level (the t interval over the runs' mean gains) and its verdict."""
+    per_run, differences = {}, {}
+    for run in runs:
+        pair = paired(_values(cells, arm.run_name(run), cell), _values(cells, arm.random_name(run), cell))
+        per_run[run] = pair
+        if pair["n"]:
+            differences[run] = dict(zip(pair["seeds"], pair["differences"]))
+    over_runs = two_level(differences) if differences else None
+    verdict = two_level_verdict(over_runs, len(runs), seeds_per_run) if over_runs else "undecided: no results"
+    return {"per_run": per_run, "over_runs": over_runs, "verdict": verdict}
+
+
+def first_study_general(cell: tuple[str, str]) -> dict:
+    """The first study's general_120 against random_general on the same cell, from its record (one run)."""
+    cells = collect(FIRST_RECORD)["cells"]
+    return paired(_values(cells, "general_120", cell), _values(cells, "random_general", cell))
+
+
+def build_report(out: Path, quick: bool) -> Path:
+    cells = collect(out)["cells"]
+    seeds_per_run = QUICK_FINETUNE_SEEDS if quick else FINETUNE_SEEDS_PER_RUN
+    calibration = json.loads((out / "calibration.json").read_text()) if (out / "calibration.json").is_file() else {}
+    results = {"quick": quick, "calibration": calibration, "runs": {}, "gains": {}, "first_study_general_120": {}}
+    lines = [f"# The modern recipe on general text: report{' (QUICK: tiny scale, not the study)' if quick else ''}",
+             "", "## Pre-training runs", "",
+             "| run | steps | held-out MLM accuracy (15% set) | plateau exit (step, share of steps) | highest window |",
+             "|---|---|---|---|---|"]
+    for arm in (MODERN, TINY):
+        runs = arm.seeds(quick)
+        steps = budget(out, arm, quick) if calibration else None
+        results["runs"][arm.name] = {"budget_steps": steps, "runs": [run_summary(out, arm.run_name(r)) for r in runs]}
+        for summary in results["runs"][arm.name]["runs"]:
+            if not summary["finished"]:
+                lines.append(f"| {summary['run']} | not finished | — | — | — |")
+                continue
+            exit_text = ("none" if summary["exit_step"] is None
+                         else f"{summary['exit_step']:,} ({summary['exit_share']:.0%})")
+            window = "—" if summary["highest_window"] is None else f"{summary['highest_window']:.4f}"
+            lines.append(f"| {summary['run']} | {summary['steps']:,} | {summary['heldout_mlm_acc']:.4f} | "
+                         f"{exit_text} | {window} |")
+    lines += ["", "## Gains over the random twins", "",
+              "| arm | cell | per run: gain [95% t over its fine-tuning seeds] | over runs [95% t over runs] | "
+              "between / within sd | bootstrap | verdict |", "|---|---|---|---|---|---|---|"]
+    for arm in (MODERN, TINY):
+        for task, label_budget in CELLS:
+            cell = (task, str(label_budget))
+            found = arm_gains(cells, arm, arm.seeds(quick), cell, seeds_per_run)
+            results["gains"].setdefault(arm.name, {})[f"{task}/{label_budget}"] = found
+            per_run = "; ".join(f"p{run} {_fmt(p['mean'], p['low'], p['high'])}" for run, p in found["per_run"].items())
+            runs = found["over_runs"] or {}
+            spread = (f"{runs['sd']:.4f} / {runs['within_sd']:.4f}" if runs.get("sd") is not None
+                      and runs.get("within_sd") is not None else "—")
+            boot = (_fmt(None) if runs.get("bootstrap_low") is None
+                    else f"[{runs['bootstrap_low']:+.4f}, {runs['bootstrap_high']:+.4f}]")
+            lines.append(f"| {arm.name} | {CELL_NAMES[cell]} | {per_run} | "
+                         f"{_fmt(runs.get('mean'), runs.get('low'), runs.get('high'))} | {spread} | {boot} | "
+                         f"{found['verdict']} |")
+    primary = results["gains"][MODERN.name][f"{PRIMARY_CELL[0]}/{PRIMARY_CELL[1]}"]
+    results["primary"] = {"arm": MODERN.name, "cell": list(PRIMARY_CELL), "verdict": primary["verdict"],
+                          "reading": reading(primary)}
+    lines += ["", f"**Primary endpoint** (modern arm against its random twins, {CELL_NAMES[PRIMARY_CELL]}, the t "
+              f"interval over its runs): **{primary['verdict']}**, {results['primary']['reading']}.", ""]
+    differences = {}
+    for task, label_budget in CELLS:
+        key = f"{task}/{label_budget}"
+        means = [(results["gains"][arm.name][key]["over_runs"] or {}).get("mean") for arm in (MODERN, TINY)]
+        differences[key] = None if None in means else means[0] - means[1]
+        first = first_study_general((task, str(label_budget)))
+        results["first_study_general_120"][key] = first
+        lines.append(f"- {CELL_NAMES[(task, str(label_budget))]}: modern minus BERT-tiny mean gain "
+                     f"{_fmt(differences[key])} (descriptive, no interval); the first study's general_120 (one run, "
+                     f"the first check's corpus) {_fmt(first['mean'], first['low'], first['high'])}")
+    results["modern_minus_tiny"] = differences
+    report_dir = out / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    path = report_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
