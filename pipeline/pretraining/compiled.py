@@ -11,7 +11,8 @@
 - CUDA graphs: model.cuda_graphs=true compiles with mode="reduce-overhead" (inductor's CUDA graph trees), which the
   static shapes above allow: the step's hundreds of kernel launches replayed as one (refused without compile, in
   pipeline/pretraining/checks.py). Off by default: it keeps the graph's inputs and outputs in a static memory pool
-  (more memory), and on the CPU it does nothing.
+  (more memory), and on the CPU it does nothing. With accumulation the gradients stay allocated outside that pool,
+  zeroed in place (module.py's optimizer_zero_grad): one the backward adopted would be overwritten by the next replay.
 - Fusion (benchmarks/fusion_report.py reads the code inductor generates; measured on the CPU, 2026-11-27): the
   forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert.py's residual_stream) become
   one kernel per block, GELU one with the bf16 cast after it, the backward's LayerNorm-backward + dropout-backward +

@@ -73,6 +73,8 @@ class BertPretrainingModule(pl.LightningModule):
         self._grad_norm_from_engine = False
         self._overfit_cache: list[dict[str, torch.Tensor]] = []
         self._micro_batches_seen = 0
+        # model.cuda_graphs (how the model runs, so not a hyper-parameter): set by the run, read at optimizer_zero_grad
+        self.replays_cuda_graphs = False
 
     # -- training -------------------------------------------------------------------------------------------
 
@@ -193,10 +195,18 @@ class BertPretrainingModule(pl.LightningModule):
         # (torch's default), the next step's first micro-batches, which accumulate without syncing (no_sync), get
         # freshly allocated gradients that the syncing one then copies into the buckets: a second copy of every
         # gradient (1.3 GB for BERT-Large). Zeroed in place, they stay the bucket views.
+        # Under CUDA graph trees (model.cuda_graphs) with accumulation, a .grad set to None is filled at the next
+        # backward by adopting the compiled backward's output, which lives in the graph's pool: the next micro-batch's
+        # replay overwrites it, and torch raises "accessing gradient tensor output of CUDAGraphs". Kept allocated
+        # outside the pool and zeroed in place, the backward adds into it instead (torch's own remedy, in that error).
+        # Without accumulation the step reads the gradients before the next replay: torch's default is right there.
         model = getattr(self.trainer.strategy, "model", None)
         bucket_views = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.gradient_as_bucket_view
-        if bucket_views:
-            zero_gradients(self.model.parameters())   # one multi-tensor kernel, not one per parameter
+        outside_graph_pool = (self.replays_cuda_graphs and self.trainer.accumulate_grad_batches > 1
+                              and not self.trainer.strategy.handles_gradient_accumulation)
+        if bucket_views or outside_graph_pool:
+            # one multi-tensor kernel, not one per parameter
+            zero_gradients(self.model.parameters(), allocate=outside_graph_pool)
         else:
             optimizer.zero_grad(set_to_none=True)
 
