@@ -42,6 +42,7 @@ from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
 from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
 from pipeline.core.strategies import offloads_optimizer
+from pipeline.pretraining.compiled import mark_token_count_dynamic
 
 RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
 LEGACY_RNG_KEY = "rng_states"       # checkpoints written before states were kept per rank: rank 0's states only
@@ -80,6 +81,10 @@ class BertPretrainingModule(pl.LightningModule):
 
     def forward(self, **batch: torch.Tensor):
         return self.model(**batch)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        mark_token_count_dynamic(batch)   # data.unpad under model.compile: one graph for every N (compiled.py)
+        return batch
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.hparams.overfit_batches:
