@@ -40,7 +40,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from model.architectures import config_from_dict, pretraining_model
 from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
-from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
+from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
 from pipeline.core.strategies import offloads_optimizer
 from pipeline.pretraining.compiled import mark_token_count_dynamic
 
@@ -97,7 +97,7 @@ class BertPretrainingModule(pl.LightningModule):
         self._window.add(sums)
         if ends_log_step(self.trainer):
             # Queued now, read at the batch end (_log_window): the backward and the optimizer step queue behind it.
-            self._window_copy = self._window.start_copy(lambda s: self.trainer.strategy.reduce(s, reduce_op="sum"))
+            self._window_copy = self._window.start_copy(sum_over_ranks)
             self._step_lr = self._current_lr()   # the rate this step is taken with (the scheduler steps before we log)
         return self._loss_for_backward(out.loss)
 
