@@ -6,6 +6,7 @@ compiled backward's output is added into it. The real train() on real shards, wi
 graphs as they are (CUDA graphs do not exist on the CPU; what the module does to the gradients does)."""
 from __future__ import annotations
 
+import pytest
 import pytorch_lightning as pl
 import torch
 
@@ -54,3 +55,19 @@ def test_without_cuda_graphs_gradients_are_freed_at_each_step(small_shards, tmp_
     """torch's default (set_to_none) where nothing replays: the first micro-batch of each step adopts its gradients."""
     record = run(small_shards, tmp_path / "compiled", tiny_overrides, monkeypatch)
     assert record.allocated == [False, True] * 3
+
+
+def test_under_deepspeed_cuda_graphs_with_accumulation_are_refused_before_the_start():
+    """DeepSpeed steps and zeroes the gradients itself (set to None), so the module cannot keep them out of the pool:
+    refused in the pre-flight checks wherever a step may take more than one pass; one pass a step is let through."""
+    from pipeline.pretraining.checks import preflight
+
+    graphs = ["model.compile=true", "model.cuda_graphs=true", "strategy=deepspeed_stage_1", "trainer.max_steps=100",
+              "data.global_batch_size=64"]
+    message = "model.cuda_graphs=true with strategy=deepspeed and gradient accumulation"
+    for passes in (["data.micro_batch_size=16"], ["data.micro_batch_size=auto"]):   # 4 a step; auto: maybe several
+        with pytest.raises(ValueError, match=message):
+            preflight(compose("train", [*graphs, *passes]), world_size=1)
+    preflight(compose("train", [*graphs, "data.micro_batch_size=64"]), world_size=1)
+    preflight(compose("train", [*graphs[:2], "strategy=ddp", "trainer.max_steps=100", "data.global_batch_size=64",
+                                "data.micro_batch_size=16"]), world_size=1)      # the module keeps them (above)
