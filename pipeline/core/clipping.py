@@ -32,9 +32,15 @@ def clip_by_norm(parameters: Any, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, foreach=True)
 
 
-def zero_gradients(parameters: Any) -> None:
+def zero_gradients(parameters: Any, allocate: bool = False) -> None:
     """Every gradient zeroed in place in one multi-tensor call (Optimizer.zero_grad(set_to_none=False) zeroes them
-    one kernel at a time unless the optimizer was built with foreach=True: 302 launches for BERT-Large)."""
+    one kernel at a time unless the optimizer was built with foreach=True: 302 launches for BERT-Large).
+    allocate: a trainable parameter without a .grad gets one of zeros first, so that the backward adds into it."""
+    parameters = list(parameters)
+    if allocate:
+        for p in parameters:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     grads = [p.grad for p in parameters if p.grad is not None]
     if grads:
         torch._foreach_zero_(grads)

@@ -8,18 +8,21 @@ interfaces, and meets gloo only in the requeue's agreement (pipeline/core/requeu
 such a job would hang at its first step. One node needs no network: every address is fine there.
 
 So a multi-node job checks first: infra/slurm/train.sbatch runs this module on the batch node before any task
-starts, and every rank checks before it creates the agreement group (the workflow's jobs too). The way out is named
-in the message: GLOO_SOCKET_IFNAME=<the interface the nodes reach each other on>, or a host name that resolves to it.
+starts, and every rank checks before it creates a gloo group of its own (checked_gloo_group: the requeue's and the
+SIGTERM's agreement; the workflow's jobs too). The way out is named in the message: GLOO_SOCKET_IFNAME=<the interface
+the nodes reach each other on>, or a host name that resolves to it.
 
     python -m pipeline.core.gloo_address     # exits 1, saying why, where ranks on other nodes could not reach gloo
 """
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import os
 import socket
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
 
@@ -57,6 +60,19 @@ def unreachable_gloo_problem(hostname: str | None = None, env: Mapping[str, str]
             f"its first step. Set {INTERFACE_VARIABLE} to the network interface the nodes reach each other on (this "
             f"host has: {interfaces}), e.g. `{INTERFACE_VARIABLE}=<interface> sbatch ...`, or have the host name "
             "resolve to that interface's address")
+
+
+def checked_gloo_group(num_nodes: int, timeout: datetime.timedelta | None = None) -> Any:
+    """A process group of every rank over gloo (every rank calls this), for agreements on the host apart from the
+    training group: the requeue's (pipeline/core/requeue.py) and the SIGTERM's (pipeline/core/callbacks/sigterm.py).
+    Across nodes, refuses an address the other nodes cannot reach instead of hanging at the first step."""
+    # imported here: train.sbatch runs this module's check on the batch node, where torch need not be importable
+    import torch.distributed as dist
+
+    problem = unreachable_gloo_problem() if num_nodes > 1 else None
+    if problem:
+        raise RuntimeError(problem)
+    return dist.new_group(backend="gloo", timeout=timeout)
 
 
 def main() -> int:

@@ -12,7 +12,8 @@ How `auto` resolves, in order:
   takes more memory) could pick another size and would not continue the stream it left.
 - a run without CUDA: the CPU rule (CPU_MICRO_BATCH_SIZE), without probing the host's memory.
 - otherwise the probe, at setup (MicroBatchSetup): one real forward and backward of the real model per candidate,
-  from the whole per-process batch down through its divisors, until one peaks below (1 - margin) of the card.
+  from the whole per-process batch (at most MAX_SEQUENCES_PER_PASS) down through its divisors, until one peaks below
+  (1 - margin) of the card; the device's peak statistics are then restarted for the run's own.
 A number wins over all of these; a resume with a number other than the recorded one, once the change is accepted
 (resume.accept_changes: pipeline/core/run_record.py), logs it and runs with it (the data module warns that a mid-epoch
 position then means other rows).
@@ -57,6 +58,10 @@ CPU_MICRO_BATCH_SIZE = 8
 # AdamW and LAMB keep two fp32 moments a parameter, allocated at the first optimizer step, after the probe: counted
 # on top of its peak (an upper bound under ZeRO, which partitions them, or offloads them to the host).
 OPTIMIZER_STATE_BYTES_PER_PARAMETER = 8
+# SDPA's memory-efficient kernel takes at most 65,535 sequences a call (a CUDA grid dimension), and past it raises an
+# error that is not an out-of-memory one: no pass is tried larger, whatever the per-process batch (65,536 for a
+# recipe's global batch on one GPU).
+MAX_SEQUENCES_PER_PASS = 65_535
 RECORD_NAME = "micro_batch.json"
 _AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 GIB = 2**30
@@ -94,8 +99,8 @@ def most_per_pass(data_cfg: Mapping[str, Any], global_batch_size: int, world: in
 
 
 def candidates(per_process: int) -> list[int]:
-    """The pass sizes that split a process's batch exactly, largest first."""
-    return [size for size in range(per_process, 0, -1) if per_process % size == 0]
+    """The pass sizes that split a process's batch exactly, at most MAX_SEQUENCES_PER_PASS, largest first."""
+    return [size for size in range(min(per_process, MAX_SEQUENCES_PER_PASS), 0, -1) if per_process % size == 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +114,21 @@ class Fit:
 def largest_that_fits(per_process: int, peak_bytes: Callable[[int], int | None], total_bytes: int,
                       margin: float) -> Fit:
     """The first candidate, largest first, whose peak_bytes(size) (None: it ran out of memory) is at most
-    (1 - margin) of total_bytes."""
-    budget, size, peak = (1 - margin) * total_bytes, per_process, None
-    for size in candidates(per_process):
-        peak = peak_bytes(size)
+    (1 - margin) of total_bytes. Another error at a size passes it over, with a warning, as a kernel's limit on that
+    size would (one past the limit CUDA puts on a launch, for example); the smallest size's error is raised: an error
+    that no size escapes is no limit of the pass's size."""
+    budget, peak, sizes = (1 - margin) * total_bytes, None, candidates(per_process)
+    for size in sizes:
+        try:
+            peak = peak_bytes(size)
+        except Exception as error:
+            if size == sizes[-1]:
+                raise
+            # Only the text is kept: the error's frames hold the failed pass's tensors, freed before the next try.
+            log.warning("data.micro_batch_size=auto: %d sequences a pass failed (%s: %s); trying fewer", size,
+                        type(error).__name__, error)
+            peak = None
+            continue
         if peak is not None and peak <= budget:
             return Fit(size, int(peak), budget, total_bytes)
     outcome = "ran out of memory" if peak is None else f"peaked at {peak / GIB:.2f} GiB"
@@ -188,6 +204,13 @@ def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def forget_peak_memory(device: torch.device) -> None:
+    """The device's peak memory statistics restarted: what the run reports afterwards (max_memory_allocated) is its
+    own peak, not the probe's largest pass."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -319,6 +342,7 @@ class MicroBatchSetup(pl.Callback):
         finally:
             model.to(home)
             release_memory(device)
+            forget_peak_memory(device)
         agreed = agree_on_size(fit.size if fit else 0, device)
         if failure is not None:
             raise failure

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from lightning_fabric.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Checkpoint
 
-from pipeline.core.gloo_address import unreachable_gloo_problem
+from pipeline.core.gloo_address import checked_gloo_group
 from pipeline.core.loggers import finish_wandb
 from pipeline.core.requeue_safe_loader import REQUEUE_SIGNAL  # defined there: the loader workers import it
 from pipeline.core.restarts import REQUEUED_EXIT_CODE  # defined there: train.sbatch's supervisor reads it
@@ -197,10 +197,7 @@ def agreement_group(num_nodes: int, timeout: datetime.timedelta | None = None) -
     synchronisation where training runs NCCL), and never pairs with another collective on the training group. Across
     nodes, refuses an address the other nodes cannot reach (gloo_address.py) instead of hanging at the first step.
     infra/slurm/smoke_ddp.py makes it too."""
-    problem = unreachable_gloo_problem() if num_nodes > 1 else None
-    if problem:
-        raise RuntimeError(problem)
-    return dist.new_group(backend="gloo", timeout=timeout)
+    return checked_gloo_group(num_nodes, timeout)
 
 
 def wandb_timeout_s() -> float:

@@ -34,6 +34,16 @@ def ends_log_step(trainer: Any) -> bool:
     return bool(every) and (trainer.global_step + 1) % every == 0 or bool(trainer.fast_dev_run)
 
 
+def sum_over_ranks(values: torch.Tensor) -> torch.Tensor:
+    """`values` summed over every process of the run, in place, by one all_reduce; as they are on one process.
+    Not Lightning's strategy.reduce: it enters torch.distributed.barrier() before its all_reduce (lightning_fabric's
+    _sync_ddp), a second collective in the log step's forward, and one the host waits in under NCCL."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.SUM)
+    return values
+
+
 class HostCopy:
     """A host copy of a device tensor, queued without blocking; `wait()` returns it once it has arrived."""
 

@@ -21,6 +21,7 @@ The DeepSpeed config is built by `deepspeed_config`, a pure function, from one p
     gradient_clipping                   <- the training config's gradient_clip_val
     train_micro_batch_size_per_gpu      <- the data config's per-device batch size
     gradient_accumulation_steps         <- the Trainer's accumulate_grad_batches
+    timers                              <- always off (_TIMERS_OFF: no device synchronize per micro-batch)
 
 bf16-mixed under DeepSpeed trains with DDP's numerics. DeepSpeed's own bf16 mode (`bf16.enabled`) is not mixed
 precision as torch.autocast is: it casts the parameters to bf16 in place, runs the whole forward in bf16
@@ -76,6 +77,10 @@ _PRECISIONS = {
 # tests/core/test_zero_reduction.py counts are fp32.
 _AUTOCAST_BF16 = {"torch_autocast": {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}}
 _FP32_GRADIENTS = {"communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"}}
+# DeepSpeed's throughput timer is on unless its config says otherwise, and calls the accelerator's synchronize() in
+# every engine forward and every engine.step() (0.19.8: runtime/engine.py tput_timer, utils/timer.py ThroughputTimer):
+# a host wait for the GPU twice per micro-batch, for a samples/s figure the throughput callback measures anyway.
+_TIMERS_OFF = {"timers": {"throughput": {"enabled": False, "synchronized": False}}}
 
 
 def _plain(cfg: Any) -> dict[str, Any]:
@@ -163,6 +168,7 @@ def deepspeed_config(strategy_cfg: Any, *, precision: str | int, gradient_clip_v
         "zero_allow_untested_optimizer": bool(cfg.get("zero_allow_untested_optimizer", True)),
         "steps_per_print": int(cfg.get("steps_per_print", 1000)),
         "wall_clock_breakdown": bool(cfg.get("wall_clock_breakdown", False)),
+        **copy.deepcopy(_TIMERS_OFF),
         **precision_sections(precision, cfg.get("loss_scaling")),
     }
     return config

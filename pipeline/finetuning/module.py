@@ -35,7 +35,7 @@ from model.architectures import EncoderConfig, config_from_dict, is_modernbert
 from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
 from pipeline.core.clipping import clip_by_norm, clips_itself
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
-from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
+from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
 from pipeline.finetuning.gather import rows_on_rank_zero
 from pipeline.finetuning.tasks import get_task
 
@@ -129,7 +129,7 @@ class FinetuneModule(pl.LightningModule):
         out = self(batch)
         self._losses.add(torch.stack([out.loss.detach().float(), torch.ones((), device=out.loss.device)]))
         if ends_log_step(self.trainer):
-            self._losses_copy = self._losses.start_copy(lambda s: self.trainer.strategy.reduce(s, reduce_op="sum"))
+            self._losses_copy = self._losses.start_copy(sum_over_ranks)
             self._step_lr = self.trainer.optimizers[0].param_groups[0]["lr"]   # the rate this step is taken with
         return out.loss
 

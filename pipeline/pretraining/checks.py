@@ -21,7 +21,7 @@ from pipeline.core.checkpoint_retention import Retention
 from pipeline.core.devices import batch_split, is_first_process_on_node
 from pipeline.core.fp8 import check_fp8_settings
 from pipeline.core.loggers import check_logger_config
-from pipeline.core.micro_batch import most_per_pass, plan_micro_batch
+from pipeline.core.micro_batch import is_auto, most_per_pass, plan_micro_batch
 from pipeline.core.optim import PER_TENSOR_OPTIMIZERS, check_optimizer_config, schedule_factor, warmup_steps_of
 from pipeline.core.run_record import InEffect, check_start
 from pipeline.core.run_versions import run_versions
@@ -150,13 +150,23 @@ def check_strategy_and_optimizer(cfg: DictConfig) -> None:
             "(BERT-large's optimizer state fits any modern GPU), or optimizer=adamw with DeepSpeed.")
 
 
-def check_compile(cfg: DictConfig) -> None:
+def check_compile(cfg: DictConfig, accumulation: int = 1) -> None:
     """model.compile under ZeRO-3: refused. ZeRO-3 gathers each module's parameters in forward hooks, which
     torch.compile of the encoder would have to trace through (DeepSpeed compiles its own engine for that). And
-    model.cuda_graphs without model.compile: there is no compiled graph to replay."""
+    model.cuda_graphs without model.compile: there is no compiled graph to replay; under DeepSpeed with accumulation
+    (or micro_batch_size=auto, which may choose it): the engine zeroes the gradients to None, and the next backward's,
+    adopted from the CUDA graph pool, are overwritten by the following pass (module.py keeps them out of the pool
+    where Lightning zeroes them)."""
+    strategy = cfg.get("strategy") or {}
     if cfg.model.get("cuda_graphs") and not cfg.model.get("compile"):
         raise ValueError("model.cuda_graphs=true replays the compiled graph: set model.compile=true too")
-    strategy = cfg.get("strategy") or {}
+    may_accumulate = accumulation > 1 or is_auto(cfg.data.get("micro_batch_size"))
+    if cfg.model.get("cuda_graphs") and strategy.get("name") == "deepspeed" and may_accumulate:
+        raise ValueError("model.cuda_graphs=true with strategy=deepspeed and gradient accumulation "
+                         "(data.global_batch_size over data.micro_batch_size x processes > 1, or "
+                         "data.micro_batch_size=auto): DeepSpeed frees the gradients each step, and CUDA graphs would "
+                         "overwrite the next ones between passes. Use strategy=ddp, a data.micro_batch_size that takes "
+                         "the whole per-process batch, or model.cuda_graphs=false")
     stage = int((strategy.get("zero_optimization") or {}).get("stage", 0))
     if cfg.model.get("compile") and strategy.get("name") == "deepspeed" and stage == 3:
         raise ValueError("model.compile=true with DeepSpeed ZeRO-3: ZeRO-3 gathers each layer's parameters in module "
@@ -278,7 +288,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
                          f"{model_config.max_position_embeddings}; raise model.max_position_embeddings")
     check_strategy_and_optimizer(cfg)
     check_export(cfg)
-    check_compile(cfg)
+    check_compile(cfg, accumulation)
     check_batch_warmup(cfg, world, accumulation)
     Retention.from_config(cfg.callbacks.checkpoint)       # callbacks.checkpoint.keep_*: refused here, not at the start
     from pipeline.pretraining.data.verify import checksum_mode

@@ -6,12 +6,14 @@
 - Shapes: one graph per sequence length (dynamic=False). The collator pads every batch to max_seq_length and always
   gives the attention mask when pad_to_multiple_of >= max_seq_length (pipeline/pretraining/data/collator.py), which
   `fixed_width_padding` sets for a compiled run; the masked positions are max_predictions_per_seq wide already. A
-  batch of another shape would compile a second graph (and, past torch's recompile limit, run eagerly): the tests
-  count the graphs.
+  batch of another shape would compile a second graph (and, past torch's recompile limit, fullgraph=True raises
+  FailOnRecompileLimitHit): the tests count the graphs. The one dimension that varies is data.unpad's token count N,
+  marked dynamic (mark_token_count_dynamic): one graph for every N.
 - CUDA graphs: model.cuda_graphs=true compiles with mode="reduce-overhead" (inductor's CUDA graph trees), which the
   static shapes above allow: the step's hundreds of kernel launches replayed as one (refused without compile, in
   pipeline/pretraining/checks.py). Off by default: it keeps the graph's inputs and outputs in a static memory pool
-  (more memory), and on the CPU it does nothing.
+  (more memory), and on the CPU it does nothing. With accumulation the gradients stay allocated outside that pool,
+  zeroed in place (module.py's optimizer_zero_grad): one the backward adopted would be overwritten by the next replay.
 - Fusion (benchmarks/fusion_report.py reads the code inductor generates; measured on the CPU, 2026-11-27): the
   forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert.py's residual_stream) become
   one kernel per block, GELU one with the bf16 cast after it, the backward's LayerNorm-backward + dropout-backward +
@@ -48,6 +50,18 @@ def fixed_width_padding(data_cfg: Any, model_cfg: Any) -> int:
                  "is masked out)", int(data_cfg.max_seq_length))
         return int(data_cfg.max_seq_length)
     return multiple
+
+
+def mark_token_count_dynamic(batch: dict[str, Any]) -> None:
+    """data.unpad: the number N of tokens an unpadded batch computes on (token_index's length) marked as a dynamic
+    dimension, on the tensor the compiled model is called with (after its transfer to the device, which makes new
+    tensors). Each distinct N would otherwise be a shape, a full recompile of the whole model (minutes at BERT-Large),
+    and past torch's recompile limit of 8, fullgraph=True raises FailOnRecompileLimitHit. Bucketing N into at most 8
+    sizes would still cost 8 compiles and give back part of the padding unpadding removes; one graph symbolic in N
+    costs one compile. Only N is dynamic: the batch's (B, T) stay static. Eager runs ignore the mark."""
+    token_index = batch.get("token_index") if isinstance(batch, dict) else None
+    if token_index is not None:
+        torch._dynamo.mark_dynamic(token_index, 0)
 
 
 def apply_compile_settings(model: torch.nn.Module, model_cfg: Any) -> None:

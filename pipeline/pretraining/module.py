@@ -40,8 +40,9 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from model.architectures import config_from_dict, pretraining_model
 from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
 from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
-from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step
+from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
 from pipeline.core.strategies import offloads_optimizer
+from pipeline.pretraining.compiled import mark_token_count_dynamic
 
 RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
 LEGACY_RNG_KEY = "rng_states"       # checkpoints written before states were kept per rank: rank 0's states only
@@ -73,11 +74,17 @@ class BertPretrainingModule(pl.LightningModule):
         self._grad_norm_from_engine = False
         self._overfit_cache: list[dict[str, torch.Tensor]] = []
         self._micro_batches_seen = 0
+        # model.cuda_graphs (how the model runs, so not a hyper-parameter): set by the run, read at optimizer_zero_grad
+        self.replays_cuda_graphs = False
 
     # -- training -------------------------------------------------------------------------------------------
 
     def forward(self, **batch: torch.Tensor):
         return self.model(**batch)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        mark_token_count_dynamic(batch)   # data.unpad under model.compile: one graph for every N (compiled.py)
+        return batch
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.hparams.overfit_batches:
@@ -90,7 +97,7 @@ class BertPretrainingModule(pl.LightningModule):
         self._window.add(sums)
         if ends_log_step(self.trainer):
             # Queued now, read at the batch end (_log_window): the backward and the optimizer step queue behind it.
-            self._window_copy = self._window.start_copy(lambda s: self.trainer.strategy.reduce(s, reduce_op="sum"))
+            self._window_copy = self._window.start_copy(sum_over_ranks)
             self._step_lr = self._current_lr()   # the rate this step is taken with (the scheduler steps before we log)
         return self._loss_for_backward(out.loss)
 
@@ -193,10 +200,18 @@ class BertPretrainingModule(pl.LightningModule):
         # (torch's default), the next step's first micro-batches, which accumulate without syncing (no_sync), get
         # freshly allocated gradients that the syncing one then copies into the buckets: a second copy of every
         # gradient (1.3 GB for BERT-Large). Zeroed in place, they stay the bucket views.
+        # Under CUDA graph trees (model.cuda_graphs) with accumulation, a .grad set to None is filled at the next
+        # backward by adopting the compiled backward's output, which lives in the graph's pool: the next micro-batch's
+        # replay overwrites it, and torch raises "accessing gradient tensor output of CUDAGraphs". Kept allocated
+        # outside the pool and zeroed in place, the backward adds into it instead (torch's own remedy, in that error).
+        # Without accumulation the step reads the gradients before the next replay: torch's default is right there.
         model = getattr(self.trainer.strategy, "model", None)
         bucket_views = isinstance(model, torch.nn.parallel.DistributedDataParallel) and model.gradient_as_bucket_view
-        if bucket_views:
-            zero_gradients(self.model.parameters())   # one multi-tensor kernel, not one per parameter
+        outside_graph_pool = (self.replays_cuda_graphs and self.trainer.accumulate_grad_batches > 1
+                              and not self.trainer.strategy.handles_gradient_accumulation)
+        if bucket_views or outside_graph_pool:
+            # one multi-tensor kernel, not one per parameter
+            zero_gradients(self.model.parameters(), allocate=outside_graph_pool)
         else:
             optimizer.zero_grad(set_to_none=True)
 

@@ -136,6 +136,7 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
         apply_fp8(module.model)   # refuses a device without FP8 first
     apply_compile_settings(module.model, cfg.model)   # model.compile: the whole model, in place (names unchanged)
+    module.replays_cuda_graphs = bool(cfg.model.get("cuda_graphs"))
     if plan.init_from is not None and plan.ckpt_path is None:
         pretrained = load_pretrained(plan.init_from)
         check_init_vocabulary(pretrained.tokenizer_source, plan.shard_set, plan.init_from)

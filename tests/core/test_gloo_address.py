@@ -78,3 +78,25 @@ def test_every_rank_of_a_multi_node_job_checks_before_making_the_requeue_group()
     code = "from pipeline.core.requeue import agreement_group; agreement_group(num_nodes=2)"
     done = as_host_localhost([sys.executable, "-c", code], env)
     assert done.returncode == 1 and f"RuntimeError: {REFUSAL}" in done.stderr, done.stderr[-3000:]
+
+
+SIGTERM_SETUP = """
+import sys, torch.distributed as dist, pytorch_lightning as pl
+from pipeline.core.callbacks.sigterm import HostSigtermAgreement
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False)
+HostSigtermAgreement().setup(trainer, pl.LightningModule(), "fit")
+print("made the SIGTERM group")
+"""
+
+
+def test_every_rank_of_a_multi_node_job_checks_before_making_the_sigterm_group(tmp_path):
+    """pipeline/core/callbacks/sigterm.py's gloo group, made at the fit's setup by the real callback on a real Trainer
+    of 2 nodes (this process alone in the training group: the check comes before any peer is needed)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    done = as_host_localhost([sys.executable, "-c", SIGTERM_SETUP, str(tmp_path / "group")], env)
+    assert done.returncode == 1 and f"RuntimeError: {REFUSAL}" in done.stderr, done.stdout + done.stderr[-3000:]
+    done = as_host_localhost([sys.executable, "-c", SIGTERM_SETUP, str(tmp_path / "named")],
+                             {**env, "GLOO_SOCKET_IFNAME": "lo"})      # the interface named: the group is made
+    assert done.returncode == 0 and "made the SIGTERM group" in done.stdout, done.stderr[-3000:]

@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from pipeline.core.gloo_address import checked_gloo_group
+
 LOOP_CHECK = "_broadcast_sigterm_tensor"     # trainer.fit_loop.epoch_loop's
 HANDLER = "_sigterm_notifier_fn"             # trainer._signal_connector's; registered by the fit after setup()
 log = logging.getLogger(__name__)
@@ -45,8 +47,10 @@ class HostSigtermAgreement(pl.Callback):
             if not callable(getattr(owner, name, None)):
                 raise RuntimeError(f"Lightning has no {type(owner).__name__}.{name}() to replace: this pipeline "
                                    "pins pytorch-lightning==2.6.6 (pyproject.toml)")
-        # Every rank runs setup: the group is created collectively, on the host (gloo), apart from the training group.
-        self._trainer, self._group, self._calls, self.signalled = trainer, dist.new_group(backend="gloo"), 0, False
+        # Every rank runs setup: the group is created collectively, on the host (gloo), apart from the training group;
+        # across nodes, only where they can reach this host's gloo address (else a 30-minute hang at the first step).
+        group = checked_gloo_group(trainer.num_nodes)
+        self._trainer, self._group, self._calls, self.signalled = trainer, group, 0, False
         setattr(loop, LOOP_CHECK, self.agree)       # instance attributes shadow the methods
         setattr(connector, HANDLER, self.record)
 

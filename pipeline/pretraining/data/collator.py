@@ -46,11 +46,12 @@ reading the mask on the device, and N, a shape, is known to the host. N is round
 multiple of 16 and of pad_to_multiple_of, the granularity of the shapes the model runs at. 16: FP8 training
 (model.fp8) contracts over the tokens in its weight gradients, and torch._scaled_mm on CUDA takes no dimension there
 that is not a multiple of 16; at most 15 padding tokens computed. Under the fixed width of a compiled model,
-max_seq_length, i.e. whole rows, since every distinct N is a graph there (dynamic=False; torch keeps 8 graphs of
-a function, then runs it eagerly): with 30% of the rows of random length (~15% padding at seq 512), whole rows give
-about 4 common N for 8 rows a pass, 8 for 32 and 12 for 64, where multiples of 128 give 14, 27 and 36 (simulated),
-for half a row of padding per pass on average. The padding positions added compute what the padded model computes
-there, unread.
+max_seq_length, i.e. whole rows: the compiled graph is symbolic in N (pipeline/pretraining/compiled.py marks it
+dynamic; with a static N, fullgraph=True raised FailOnRecompileLimitHit at the 9th distinct N), but CUDA graphs record
+one capture per distinct N, and whole rows bound them: with 30% of the rows of random length (~15% padding at seq
+512), whole rows give about 4 common N for 8 rows a pass, 8 for 32 and 12 for 64, where multiples of 128 give 14, 27
+and 36 (simulated), for half a row of padding per pass on average. The padding positions added compute what the
+padded model computes there, unread.
 
 Everything is whole-array numpy: gathers with (B, T) index arrays, no loop over rows.
 """

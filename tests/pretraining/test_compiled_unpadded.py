@@ -1,0 +1,47 @@
+"""model.compile with data.unpad (issue 48, item 2): every distinct token count N of an unpadded batch is a shape, and
+with dynamic=False a new shape recompiles the whole model; past torch's recompile limit (8) fullgraph=True raises
+FailOnRecompileLimitHit rather than running eagerly. The token count is marked dynamic instead (module.py's
+on_after_batch_transfer): one graph for every N. The real train() on real shards of many row lengths, with Dynamo's
+graphs run as they are (backend="eager": the recompiles are Dynamo's, whatever the backend) and the limit brought
+down to 1, so that the second distinct N stands for the ninth."""
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+
+from pipeline.core.app import compose
+
+
+class RecordTokenCounts(pl.Callback):
+    def __init__(self):
+        self.token_counts: list[int] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.token_counts.append(len(batch["token_index"]))
+
+
+def test_an_unpadded_compiled_run_compiles_one_graph_for_every_token_count(wiki_shards, tmp_path, tiny_overrides,
+                                                                          monkeypatch):
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    original = torch.nn.Module.compile
+
+    def compile_counting(self, *args, **kwargs):
+        original(self, fullgraph=kwargs["fullgraph"], dynamic=kwargs["dynamic"], backend=counting_backend)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
+    torch._dynamo.reset()
+    from pipeline.pretraining.run import train
+
+    record = RecordTokenCounts()
+    with torch._dynamo.config.patch(recompile_limit=1):
+        result = train(compose("train", [*tiny_overrides(wiki_shards, tmp_path / "run", 4), "model.compile=true",
+                                         "data.unpad=true", "export.hf=false", "export.plot=false",
+                                         "callbacks.checkpoint.every_n_train_steps=0"]), extra_callbacks=[record])
+    assert result["global_step"] == 4
+    assert len(set(record.token_counts)) >= 2, record.token_counts   # several shapes, each a recompile before
+    assert len(graphs) == 1
