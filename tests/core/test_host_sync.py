@@ -40,6 +40,37 @@ def test_the_device_model_records_reads_of_device_values_only_whoever_reads_them
     assert not model.lives_on_host(on_device) and model.lives_on_host(copy)
 
 
+def test_the_device_model_records_what_waits_without_reading_a_value():
+    """The gaps a review of the guard found (issue 48): data-dependent sizes, boolean masks, a blocking host-to-device
+    copy by our code, and the waits that are no tensor operation (torch.cuda / events / streams synchronize, the
+    process group's barrier, DeepSpeed's accelerator synchronize). Each made in a window, once; none outside it."""
+    import deepspeed  # noqa: F401  (imported by the strategy in a run: its accelerator's wait is watched)
+    from deepspeed.accelerator import get_accelerator
+
+    from tests.helpers.host_sync import WaitCalls
+
+    weight = torch.arange(6.0)                  # a device tensor (made outside the model)
+    model, waits = DeviceModel(), []
+    code = ("weight.nonzero()\nweight.masked_select(weight > 2)\nweight[weight > 2]\nweight[weight > 4] = 0.0\n"
+            "torch.ones(2).to(weight.device)\ntorch.ones(2).to(weight.device, non_blocking=True)\n"
+            "weight[torch.tensor([0, 1])]\nweight[1:3]\n")
+    with model, WaitCalls(lambda: model.watching is not None, waits.append):
+        model.watching = {"step": 0}
+        exec(compile(code, str(REPO_ROOT / "pipeline" / "core" / "somewhere.py"), "exec"),
+             {"weight": weight, "torch": torch})
+        get_accelerator().synchronize()          # a no-op on the CPU; a device-wide wait on a GPU
+        assert torch.distributed.barrier is not torch.distributed.distributed_c10d.barrier     # watched too
+        model.watching = None
+        weight.nonzero()
+        get_accelerator().synchronize()
+    assert [(v["call"], v["at"].rsplit("/", 1)[-1]) for v in model.violations] == [
+        ("torch.nonzero", "somewhere.py:1"), ("torch.masked_select", "somewhere.py:2"),
+        ("Tensor.__getitem__ (boolean mask)", "somewhere.py:3"),
+        ("Tensor.__setitem__ (boolean mask)", "somewhere.py:4"), ("Tensor.to (host to device)", "somewhere.py:5")]
+    assert waits == ["deepspeed accelerator.synchronize"]
+    assert torch.distributed.barrier is torch.distributed.distributed_c10d.barrier    # put back
+
+
 def _line_of(text: str) -> int:
     lines = open(__file__).read().splitlines()
     return next(number for number, line in enumerate(lines, 1) if text in line and "_line_of" not in line)

@@ -18,6 +18,12 @@ is inside), except the last micro-batch of a logging step (the optimizer step wh
   Every other tensor lives on the device: the parameters, the batches, the gradients, what a factory made on a given
   device, and all that is computed from them. A read of a device tensor is recorded, whoever reads it, and so is a
   device tensor made from a Python value.
+Besides reads: what makes the host wait without reading a value (issue 48's review of the guard's gaps), recorded
+on the CPU too: a boolean-mask index or an op whose output size depends on the data (nonzero, masked_select, unique,
+...: the host must learn the size) on a device tensor; a host tensor copied to the device by our code without
+non_blocking; and the waits that are no tensor operation, wrapped for the fit: torch.cuda.synchronize, CUDA events'
+and streams' synchronize, torch.distributed.barrier, and DeepSpeed's accelerator synchronize (its timers, ZeRO's
+epilogues), whatever the accelerator.
 Each call found is recorded (what, where, which step); `violations` lists them, and `record_to` writes them as JSON
 lines for a run in another process.
 """
@@ -42,6 +48,9 @@ LIGHTNING_DRIVERS = tuple(str(Path(pl.__file__).parent / part) + "/" for part in
 _READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__"}
 _FROM_HOST_VALUES = {"tensor", "as_tensor"}    # a device tensor made from Python values is a host-to-device copy
 _COPIES_INTO_SELF = {"copy_", "__setitem__"}
+# Ops whose output's size depends on the values: the host waits to learn it (torch.cuda.set_sync_debug_mode flags them)
+_DATA_DEPENDENT_SIZE = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount"}
+_INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -59,6 +68,10 @@ def _is_host_device(device: Any) -> bool:
     (`self.device`, DeepSpeed's accelerator device name, "cpu" here and "cuda:0" on a GPU machine) is taken for the
     training device."""
     return isinstance(device, str) and (device == "cpu" or device.startswith("cpu:"))
+
+
+def _target_device(args: tuple, kwargs: dict) -> Any:
+    return kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
 
 
 def _in_data_loader() -> bool:
@@ -81,6 +94,24 @@ def _in_place(name: str) -> bool:
 
 _IN_PLACE_OPERATORS = {f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul",
                                               "and", "or", "xor", "lshift", "rshift")}
+
+
+def _boolean_mask(index: Any) -> bool:
+    """x[mask] and x[mask] = v with a boolean tensor: indexing by its nonzero positions, whose count the host waits
+    for."""
+    return any(t.dtype == torch.bool for t in _tensors(index if isinstance(index, (list, tuple)) else [index]))
+
+
+def _from_product_code() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(PRODUCT_CODE):
+            return True
+        if filename.startswith(LIGHTNING_DRIVERS):
+            return False
+        frame = frame.f_back
+    return False
 
 
 def caller() -> str:
@@ -140,10 +171,19 @@ class DeviceModel(TorchFunctionMode):
             self._record(f"Tensor.{name}")
         elif name in _FROM_HOST_VALUES and kwargs.get("device") is not None:
             self._record(f"torch.{name}")
+        elif name in _DATA_DEPENDENT_SIZE and inputs and not self.lives_on_host(inputs[0]):
+            self._record(f"torch.{name}")
+        elif (name in _INDEXING and inputs and not self.lives_on_host(inputs[0]) and len(args) > 1
+              and _boolean_mask(args[1])):
+            self._record(f"Tensor.{name} (boolean mask)")
         elif name in _COPIES_INTO_SELF and inputs and self.lives_on_host(inputs[0]):
             sources = inputs[1:]
             if any(not self.lives_on_host(t) for t in sources) and not kwargs.get("non_blocking"):
                 self._record(f"Tensor.{name}")
+        elif (name == "to" and inputs and self.lives_on_host(inputs[0]) and not kwargs.get("non_blocking")
+              and not _is_host_device(_target_device(args, kwargs) or "cpu") and _from_product_code()):
+            # Lightning's batch transfer is its own (pinned memory, non_blocking on a GPU); ours must not block
+            self._record("Tensor.to (host to device)")
 
     def _record(self, call: str) -> None:
         self.violations.append({"call": call, "at": caller(), "stack": outer_frames(), **self.watching})
@@ -157,7 +197,7 @@ class DeviceModel(TorchFunctionMode):
         if name == "cpu":
             host = True
         elif name == "to":   # to(device), to(dtype), to(other tensor): a device named, or where it was
-            target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+            target = _target_device(args, kwargs)
             host = _is_host_device(target) if target is not None else self.lives_on_host(inputs[0])
             if target is None and len(inputs) > 1:
                 host = self.lives_on_host(inputs[1])
@@ -168,6 +208,45 @@ class DeviceModel(TorchFunctionMode):
         if host:
             for tensor in outputs:
                 self._on_host[tensor] = True
+
+
+def _wait_points() -> list[tuple[Any, str, str]]:
+    """(owner, attribute, what it is) of each wait that is no tensor operation."""
+    points = [(torch.cuda, "synchronize", "torch.cuda.synchronize"),
+              (torch.cuda.Event, "synchronize", "torch.cuda.Event.synchronize"),
+              (torch.cuda.Stream, "synchronize", "torch.cuda.Stream.synchronize"),
+              (torch.distributed, "barrier", "torch.distributed.barrier")]
+    if "deepspeed" in sys.modules:      # imported by the strategy: its accelerator's wait, CPU or CUDA
+        from deepspeed.accelerator import get_accelerator
+
+        points.append((type(get_accelerator()), "synchronize", "deepspeed accelerator.synchronize"))
+    return points
+
+
+class WaitCalls:
+    """While entered, each wait of _wait_points() calls `record(what)` when `watching()` is true, then waits."""
+
+    def __init__(self, watching, record):
+        self.watching, self.record = watching, record
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> WaitCalls:
+        for owner, attribute, what in _wait_points():
+            original = getattr(owner, attribute)
+
+            def wait(*args, _original=original, _what=what, **kwargs):
+                if self.watching():
+                    self.record(_what)
+                return _original(*args, **kwargs)
+
+            setattr(owner, attribute, wait)
+            self._saved.append((owner, attribute, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, attribute, original in reversed(self._saved):
+            setattr(owner, attribute, original)
+        self._saved = []
 
 
 class HostSyncGuard(pl.Callback):
@@ -181,10 +260,16 @@ class HostSyncGuard(pl.Callback):
         self._model: DeviceModel | None = None
         self._cuda = False
         self._window_open = False
+        self._where: dict[str, Any] = {}
+        self._waits_called: list[dict[str, Any]] = []
+        self._waits: WaitCalls | None = None
 
     @property
     def violations(self) -> list[dict[str, Any]]:
-        return self._model.violations if self._model is not None else []
+        return (self._model.violations if self._model is not None else []) + self._waits_called
+
+    def _record_wait(self, what: str) -> None:
+        self._waits_called.append({"call": what, "at": caller(), "stack": outer_frames(), **self._where})
 
     # -- the fit and its windows ------------------------------------------------------------------------------------
 
@@ -193,6 +278,7 @@ class HostSyncGuard(pl.Callback):
         if not self._cuda:
             self._model = DeviceModel()
             self._model.__enter__()
+        self._waits = WaitCalls(lambda: self._window_open, self._record_wait).__enter__()
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -204,6 +290,7 @@ class HostSyncGuard(pl.Callback):
             return
         self.guarded_batches += 1
         where = {"step": trainer.global_step, "batch": batch_idx, "rank": trainer.global_rank, "step_end": boundary}
+        self._where = where
         self._window_open = True
         if self._cuda:
             torch.cuda.set_sync_debug_mode("error")
@@ -234,11 +321,13 @@ class HostSyncGuard(pl.Callback):
     def unwatched(self):
         """A test's own instrumentation (reading each micro-batch's loss to compare runs) is no part of the step."""
         watching = self._model.watching if self._model is not None else None
+        was_open = self._window_open
         self._close_window()
         try:
             yield
         finally:
-            if self._cuda and self._window_open:
+            self._window_open = was_open
+            if self._cuda and was_open:
                 torch.cuda.set_sync_debug_mode("error")
             elif self._model is not None:
                 self._model.watching = watching
@@ -252,6 +341,9 @@ class HostSyncGuard(pl.Callback):
 
     def _finish(self) -> None:
         self._close_window()
+        if self._waits is not None:
+            self._waits.__exit__(None, None, None)
+            self._waits = None
         if self._model is not None and self._model in _active_modes():
             self._model.__exit__(None, None, None)
 
