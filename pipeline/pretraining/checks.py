@@ -193,8 +193,8 @@ def check_batch_warmup(cfg: DictConfig, world: int, accumulation: int) -> BatchW
     sizes = warmup.pass_sizes(world * accumulation)
     if cfg.model.get("compile") and len(sizes) > MAX_COMPILED_STAGES:
         raise ValueError(f"data.batch_warmup with model.compile: the ramp has {len(sizes)} pass sizes, a compiled "
-                         f"graph each, past torch's recompile limit of {MAX_COMPILED_STAGES} (beyond it the passes "
-                         "would run uncompiled); raise data.batch_warmup.batch_size_increment")
+                         f"graph each, past torch's recompile limit of {MAX_COMPILED_STAGES} (beyond it the fullgraph "
+                         "compile fails); raise data.batch_warmup.batch_size_increment")
     if int(cfg.get("overfit_batches") or 0):
         raise ValueError("data.batch_warmup with overfit_batches: the replayed passes are of the ramp's first size; "
                          "turn one of them off")
