@@ -27,6 +27,7 @@ from pipeline.core.run_record import InEffect, check_start
 from pipeline.core.run_versions import run_versions
 from pipeline.core.strategies import check_strategy_config
 from pipeline.core.weights import CHECKPOINT_DIR
+from pipeline.pretraining.compiled import COMPILE_SCOPES
 from pipeline.pretraining.data.batch_warmup import MAX_COMPILED_STAGES, BatchWarmup
 from pipeline.pretraining.resume_point import checkpoint_to_resume, optional_path
 from pipeline.pretraining.trained_with import checkpoint_changes, module_hyper_parameters
@@ -43,7 +44,7 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
-    for how_it_runs in ("compile", "cuda_graphs"):   # torch.compile and CUDA graphs: how the model runs, not what it is
+    for how_it_runs in ("compile", "compile_scope", "cuda_graphs"):   # how the model runs, not what it is
         fields.pop(how_it_runs, None)
     fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
     if name not in MODERNBERT_PRESETS:
@@ -158,6 +159,8 @@ def check_compile(cfg: DictConfig, accumulation: int = 1) -> None:
     adopted from the CUDA graph pool, are overwritten by the following pass (module.py keeps them out of the pool
     where Lightning zeroes them)."""
     strategy = cfg.get("strategy") or {}
+    if str(cfg.model.get("compile_scope", "layers")) not in COMPILE_SCOPES:
+        raise ValueError(f"model.compile_scope={cfg.model.compile_scope}: one of {', '.join(COMPILE_SCOPES)}")
     if cfg.model.get("cuda_graphs") and not cfg.model.get("compile"):
         raise ValueError("model.cuda_graphs=true replays the compiled graph: set model.compile=true too")
     may_accumulate = accumulation > 1 or is_auto(cfg.data.get("micro_batch_size"))

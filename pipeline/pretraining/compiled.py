@@ -1,8 +1,16 @@
-"""model.compile=true: the whole pre-training model, encoder, heads and losses, as one torch.compile graph.
+"""model.compile=true: torch.compile of the encoder's repeated layer (model.compile_scope=layers, the default), or of
+the whole pre-training model, encoder, heads and losses, as one graph (compile_scope=whole).
 
-- Scope: BertForPreTraining.compile(), in place (its parameters, hence the checkpoint names, stay the module's own),
-  so the MLM gather, the heads, the cross-entropy and its hand-written backward (model/bert.py) are in the graph with
-  the encoder; fullgraph=True makes a graph break an error rather than a silent split into eager pieces.
+- Scope, layers (regional compilation): each layer of the encoder's stack compiled in place (Module.compile), one
+  code object for all of them, so Dynamo traces and inductor compiles one layer once and every layer runs it (its
+  weights are the graph's inputs, not constants): BERT-Large's 24 layers cost one layer's compile, seconds, where the
+  whole model's fullgraph compile takes minutes, the first GPU minutes' budget (issue 48). ModernBERT's two kinds of
+  layer (local and global attention) are two graphs. Outside the layers (embeddings, heads, losses) runs eager: the
+  fusion lost there is the losses' element-wise work, a few kernels a step.
+- Scope, whole: BertForPreTraining.compile(), in place (its parameters, hence the checkpoint names, stay the module's
+  own), so the MLM gather, the heads, the cross-entropy and its hand-written backward (model/bert.py) are in the graph
+  with the encoder; fullgraph=True makes a graph break an error rather than a silent split into eager pieces. Which
+  scope is faster on a GPU is benchmarks/gpu_variants.py's to measure; regional is the default until it does.
 - Shapes: one graph per sequence length (dynamic=False). The collator pads every batch to max_seq_length and always
   gives the attention mask when pad_to_multiple_of >= max_seq_length (pipeline/pretraining/data/collator.py), which
   `fixed_width_padding` sets for a compiled run; the masked positions are max_predictions_per_seq wide already. A
@@ -52,20 +60,42 @@ def fixed_width_padding(data_cfg: Any, model_cfg: Any) -> int:
     return multiple
 
 
-def mark_token_count_dynamic(batch: dict[str, Any]) -> None:
+def mark_token_count_dynamic(batch: dict[str, Any], strict: bool = True) -> None:
     """data.unpad: the number N of tokens an unpadded batch computes on (token_index's length) marked as a dynamic
     dimension, on the tensor the compiled model is called with (after its transfer to the device, which makes new
     tensors). Each distinct N would otherwise be a shape, a full recompile of the whole model (minutes at BERT-Large),
     and past torch's recompile limit of 8, fullgraph=True raises FailOnRecompileLimitHit. Bucketing N into at most 8
     sizes would still cost 8 compiles and give back part of the padding unpadding removes; one graph symbolic in N
-    costs one compile. Only N is dynamic: the batch's (B, T) stay static. Eager runs ignore the mark."""
+    costs one compile. Only N is dynamic: the batch's (B, T) stay static. Eager runs ignore the mark.
+    strict=False (compile_scope=layers): the layers see token_index inside the batch's unpadding object, where a
+    batch whose N equals B x T lets Dynamo tie N to the rows (one more graph then, not an error)."""
     token_index = batch.get("token_index") if isinstance(batch, dict) else None
     if token_index is not None:
-        torch._dynamo.mark_dynamic(token_index, 0)
+        (torch._dynamo.mark_dynamic if strict else torch._dynamo.maybe_mark_dynamic)(token_index, 0)
 
 
-def apply_compile_settings(model: torch.nn.Module, model_cfg: Any) -> None:
-    """model.compile: compile `model` (a BertForPreTraining) in place, whole, as described above; else nothing.
-    (model.cuda_graphs without compile is refused before, by the pre-flight checks.)"""
-    if model_cfg.get("compile"):
+COMPILE_SCOPES = ("layers", "whole")
+
+
+def repeated_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The encoder's stack: the longest ModuleList of the model (BERT's and ModernBERT's `layers`)."""
+    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not stacks:
+        raise ValueError(f"model.compile_scope=layers: {type(model).__name__} has no stack of layers to compile")
+    return max(stacks, key=len)
+
+
+def apply_compile_settings(model: torch.nn.Module, model_cfg: Any, unpad: bool = False) -> None:
+    """model.compile: compile `model`'s layers, or the whole of it, in place, as described above; else nothing.
+    (model.cuda_graphs without compile is refused before, by the pre-flight checks.) Under data.unpad the whole
+    model's graph has the token count N marked dynamic at its input (mark_token_count_dynamic): one graph. A layer's
+    input is the (N, hidden) rows its caller made, which no mark reaches: dynamic=None, so that the first N compiles
+    static and the second makes N symbolic (Dynamo's automatic dynamic shapes), two graphs for every N."""
+    if not model_cfg.get("compile"):
+        return
+    scope = str(model_cfg.get("compile_scope", "layers"))
+    if scope == "whole":
         model.compile(fullgraph=True, dynamic=False, mode=compile_mode(model_cfg))
+        return
+    for layer in repeated_layers(model):
+        layer.compile(fullgraph=True, dynamic=None if unpad else False, mode=compile_mode(model_cfg))

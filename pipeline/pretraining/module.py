@@ -76,6 +76,7 @@ class BertPretrainingModule(pl.LightningModule):
         self._micro_batches_seen = 0
         # model.cuda_graphs (how the model runs, so not a hyper-parameter): set by the run, read at optimizer_zero_grad
         self.replays_cuda_graphs = False
+        self.compiles_whole_model = False
 
     # -- training -------------------------------------------------------------------------------------------
 
@@ -83,7 +84,8 @@ class BertPretrainingModule(pl.LightningModule):
         return self.model(**batch)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        mark_token_count_dynamic(batch)   # data.unpad under model.compile: one graph for every N (compiled.py)
+        # data.unpad under model.compile: one graph for every N (compiled.py)
+        mark_token_count_dynamic(batch, strict=self.compiles_whole_model)
         return batch
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

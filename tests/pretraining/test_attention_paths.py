@@ -70,7 +70,8 @@ def test_no_mask_and_compile_give_the_losses_of_the_masked_eager_run(wiki_shards
     # Inductor draws dropout's random numbers with its own generator unless told to use eager's (fallback_random):
     # with it both runs drop the same units, and only the fused kernels' rounding differs.
     monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
-    compiled, module = run(wiki_shards, tmp_path / "compiled", tiny_overrides, "model.compile=true")
+    compiled, module = run(wiki_shards, tmp_path / "compiled", tiny_overrides, "model.compile=true",
+                           "model.compile_scope=whole")
     assert module.model._compiled_call_impl is not None     # the whole model, heads and losses too
     assert all(compiled.masked)     # compiled: every batch max_seq_length wide and masked (one shape, one graph)
     assert compiled.losses == pytest.approx(new.losses, rel=1e-5)

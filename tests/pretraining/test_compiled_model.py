@@ -42,9 +42,10 @@ def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_leng
     from pipeline.pretraining.run import train
 
     record = RecordBatches()
-    train(compose("train", [*tiny_overrides(small_shards, tmp_path / "run", 3), "model.compile=true",
-                            "data.pad_to_multiple_of=8", "strategy=ddp", "export.hf=false", "export.plot=false",
-                            "callbacks.checkpoint.every_n_train_steps=0"]), extra_callbacks=[record])
+    overrides = [*tiny_overrides(small_shards, tmp_path / "run", 3), "model.compile=true", "model.compile_scope=whole",
+                 "data.pad_to_multiple_of=8", "strategy=ddp", "export.hf=false", "export.plot=false",
+                 "callbacks.checkpoint.every_n_train_steps=0"]
+    train(compose("train", overrides), extra_callbacks=[record])
     assert compile_calls == [{"module": "BertForPreTraining", "fullgraph": True, "dynamic": False, "mode": "default"}]
     assert set(record.shapes) == {(4, 128)} and all(record.masked)     # fixed width, always masked: one shape
     assert len(graphs) == 1                                              # 6 micro-batches, one graph
@@ -55,6 +56,39 @@ def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_leng
     assert any("gather" in t for t in targets) and {"autograd_function_apply", "argmax"} <= targets
     assert {"fwd_body_0", "bwd_body_0", "fwd_body_1", "bwd_body_1"} <= targets
     assert record.strategy == "SingleDeviceStrategy"                     # strategy=ddp on one process: no DDP
+
+
+def test_the_encoder_layer_compiles_once_for_every_layer_of_the_stack(small_shards, tmp_path, tiny_overrides,
+                                                                    monkeypatch):
+    """model.compile_scope=layers (the default): each of the stack's 10 layers compiled in place, and Dynamo hands
+    the backend one graph for all of them (one code object, the weights its inputs), past torch's recompile limit of
+    8 that one graph per layer would hit; the checkpoint keeps the module's own names."""
+    graphs: list[torch.fx.GraphModule] = []
+    compile_calls: list[str] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    original = torch.nn.Module.compile
+
+    def compile_counting(self, *args, **kwargs):
+        compile_calls.append(type(self).__name__)
+        assert (kwargs["fullgraph"], kwargs["dynamic"], kwargs["mode"]) == (True, False, "default")
+        original(self, fullgraph=True, dynamic=False, backend=counting_backend)
+
+    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    from pipeline.pretraining.run import train
+
+    out = tmp_path / "run"
+    train(compose("train", [*tiny_overrides(small_shards, out, 3), "model.compile=true", "+model.num_layers=10",
+                            "export.hf=false", "export.plot=false", "callbacks.checkpoint.every_n_train_steps=0"]))
+    assert compile_calls == ["EncoderLayer"] * 10
+    assert len(graphs) == 1 and not torch._dynamo.utils.counters["graph_break"]
+    names = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert not any("_orig_mod" in name for name in names) and any(".layers.9." in name for name in names)
 
 
 def test_cuda_graphs_without_compile_is_refused(small_shards, tmp_path, tiny_overrides):

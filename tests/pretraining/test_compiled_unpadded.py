@@ -6,6 +6,7 @@ graphs run as they are (backend="eager": the recompiles are Dynamo's, whatever t
 down to 1, so that the second distinct N stands for the ninth."""
 from __future__ import annotations
 
+import pytest
 import pytorch_lightning as pl
 import torch
 
@@ -20,8 +21,11 @@ class RecordTokenCounts(pl.Callback):
         self.token_counts.append(len(batch["token_index"]))
 
 
+# The whole model: N marked dynamic at its input, one graph. Its layers (compile_scope=layers): the first N compiled
+# static, the second symbolic (automatic dynamic shapes), two graphs, shared by every layer.
+@pytest.mark.parametrize("scope, graphs_made", [("whole", 1), ("layers", 2)])
 def test_an_unpadded_compiled_run_compiles_one_graph_for_every_token_count(wiki_shards, tmp_path, tiny_overrides,
-                                                                          monkeypatch):
+                                                                          monkeypatch, scope, graphs_made):
     graphs: list[torch.fx.GraphModule] = []
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs):
@@ -38,10 +42,11 @@ def test_an_unpadded_compiled_run_compiles_one_graph_for_every_token_count(wiki_
     from pipeline.pretraining.run import train
 
     record = RecordTokenCounts()
-    with torch._dynamo.config.patch(recompile_limit=1):
-        result = train(compose("train", [*tiny_overrides(wiki_shards, tmp_path / "run", 4), "model.compile=true",
-                                         "data.unpad=true", "export.hf=false", "export.plot=false",
-                                         "callbacks.checkpoint.every_n_train_steps=0"]), extra_callbacks=[record])
+    overrides = [*tiny_overrides(wiki_shards, tmp_path / "run", 4), "model.compile=true",
+                 f"model.compile_scope={scope}", "data.unpad=true", "export.hf=false", "export.plot=false",
+                 "callbacks.checkpoint.every_n_train_steps=0"]
+    with torch._dynamo.config.patch(recompile_limit=graphs_made):
+        result = train(compose("train", overrides), extra_callbacks=[record])
     assert result["global_step"] == 4
     assert len(set(record.token_counts)) >= 2, record.token_counts   # several shapes, each a recompile before
-    assert len(graphs) == 1
+    assert len(graphs) == graphs_made
