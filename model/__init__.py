@@ -1,7 +1,7 @@
 """BERT for pre-training and fine-tuning (PyTorch only; transformers is needed only for the optional conversions)."""
 from model.bert import IGNORE_INDEX, BertForPreTraining, BertModel, EncoderOutput, PreTrainingOutput
 from model.config import PRESETS, BertConfig
-from model.flops import PEAK_FLOPS, flops_per_token, mfu, peak_flops_for_device
+from model.flops import PEAK_FLOPS, batch_flops, flops_per_token, mfu, peak_flops_for_device
 from model.heads import (
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -24,5 +24,6 @@ __all__ = [
     "BertForQuestionAnswering", "BertForSequenceClassification", "BertForTokenClassification", "BertModel",
     "EncoderOutput", "ModernBertConfig", "ModernBertForMaskedLM", "ModernBertForMultipleChoice",
     "ModernBertForQuestionAnswering", "ModernBertForSequenceClassification", "ModernBertForTokenClassification",
-    "ModernBertModel", "PreTrainingOutput", "TaskOutput", "flops_per_token", "mfu", "peak_flops_for_device",
+    "ModernBertModel", "PreTrainingOutput", "TaskOutput", "batch_flops", "flops_per_token", "mfu",
+    "peak_flops_for_device",
 ]

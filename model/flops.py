@@ -30,6 +30,25 @@ def flops_per_token(config: BertConfig | ModernBertConfig, seq_len: int, num_mas
     return 6 * (encoder_weights + mlm_head_weights_per_token + nsp_weights_per_token) + attention
 
 
+def dense_flops_per_token(config: BertConfig | ModernBertConfig) -> float:
+    """The encoder layers' weight FLOPs per token of a training step, the part of flops_per_token that data.unpad
+    computes on the real tokens only (the attention scores stay on the padded rows): BERT's 4 C^2 + 2 C F weights a
+    layer, ModernBERT's 4 C^2 + 3 C F, at 6 FLOPs each."""
+    C, F, L = config.hidden_size, config.intermediate_size, config.num_layers
+    return 6 * L * (4 * C * C + (3 if isinstance(config, ModernBertConfig) else 2) * C * F)
+
+
+def batch_flops(config: BertConfig | ModernBertConfig, batch_size: int, seq_len: int, num_masked_per_seq: int,
+                computed_tokens: int | None = None) -> float:
+    """Model FLOPs of one micro-batch of B rows of T positions: flops_per_token x B x T, less, for an unpadded batch
+    (data.unpad: its encoder layers computed on `computed_tokens` real tokens, not B x T), the dense FLOPs of the
+    padding it never computed. From shapes only: no value is read."""
+    flops = flops_per_token(config, seq_len, num_masked_per_seq) * batch_size * seq_len
+    if computed_tokens is not None:
+        flops -= dense_flops_per_token(config) * (batch_size * seq_len - computed_tokens)
+    return flops
+
+
 def modernbert_flops_per_token(config: ModernBertConfig, seq_len: int, num_masked_per_seq: int) -> float:
     """flops_per_token for ModernBertForMaskedLM, counted the same way, with its differences from BERT:
     - encoder: num_layers * (4 C^2 + 3 C F) weights: Wqkv and Wo as BERT's, and the GeGLU MLP's Wi (C -> 2F) and

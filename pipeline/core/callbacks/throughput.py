@@ -3,8 +3,9 @@
     perf/tokens_per_s          non-padding tokens per second, all ranks
     perf/padded_tokens_per_s   tokens including padding (what the hardware computes on), all ranks
     perf/sequences_per_s       sequences per second, all ranks
-    perf/mfu                   model FLOPs / s over the peak of all devices (model.flops_per_token at each batch's
-                               padded length and number of predictions; for a fine-tuning batch, without MLM
+    perf/mfu                   model FLOPs / s over the peak of all devices (model.batch_flops at each batch's
+                               padded length and number of predictions, the encoder's dense layers at the real
+                               tokens only under data.unpad; for a fine-tuning batch, without MLM
                                labels, the encoder and pooler only: a task head's few FLOPs are left out); only
                                with a known peak
 
@@ -25,7 +26,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from model import PEAK_FLOPS, flops_per_token, peak_flops_for_device
+from model import PEAK_FLOPS, batch_flops, peak_flops_for_device
 
 
 def resolve_peak_flops(peak_flops: float | str | None, device: torch.device) -> float | None:
@@ -77,7 +78,9 @@ class ThroughputMonitor(pl.Callback):
             predictions = positions.shape[1]
         else:   # (B, T) MLM labels score every position; a fine-tuning batch (task labels) has no MLM head at all
             predictions = seq_len if "masked_lm_labels" in batch else 0
-        flops = flops_per_token(pl_module.model.config, seq_len, predictions) * input_ids.numel()
+        token_index = batch.get("token_index")   # data.unpad: the encoder's dense layers ran on these tokens only
+        flops = batch_flops(pl_module.model.config, sequences, seq_len, predictions,
+                            computed_tokens=token_index.shape[0] if token_index is not None else None)
         for slot, count in enumerate((input_ids.numel(), sequences, flops)):
             self._shape_counts[slot] += count
 
