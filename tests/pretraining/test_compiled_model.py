@@ -21,8 +21,9 @@ class RecordBatches(pl.Callback):
         self.strategy = type(trainer.strategy).__name__
 
 
-def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_length(small_shards, tmp_path,
-                                                                                   tiny_overrides, monkeypatch):
+def counting_compile(monkeypatch) -> tuple[list[torch.fx.GraphModule], list[dict]]:
+    """Module.compile with a graph-counting backend in place of inductor: (the graphs Dynamo hands it, each call's
+    module and arguments)."""
     graphs: list[torch.fx.GraphModule] = []
     compile_calls: list[dict] = []
 
@@ -39,6 +40,12 @@ def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_leng
     monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
+    return graphs, compile_calls
+
+
+def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_length(small_shards, tmp_path,
+                                                                                   tiny_overrides, monkeypatch):
+    graphs, compile_calls = counting_compile(monkeypatch)
     from pipeline.pretraining.run import train
 
     record = RecordBatches()
@@ -63,29 +70,13 @@ def test_the_encoder_layer_compiles_once_for_every_layer_of_the_stack(small_shar
     """model.compile_scope=layers (the default): each of the stack's 10 layers compiled in place, and Dynamo hands
     the backend one graph for all of them (one code object, the weights its inputs), past torch's recompile limit of
     8 that one graph per layer would hit; the checkpoint keeps the module's own names."""
-    graphs: list[torch.fx.GraphModule] = []
-    compile_calls: list[str] = []
-
-    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    original = torch.nn.Module.compile
-
-    def compile_counting(self, *args, **kwargs):
-        compile_calls.append(type(self).__name__)
-        assert (kwargs["fullgraph"], kwargs["dynamic"], kwargs["mode"]) == (True, False, "default")
-        original(self, fullgraph=True, dynamic=False, backend=counting_backend)
-
-    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
+    graphs, compile_calls = counting_compile(monkeypatch)
     from pipeline.pretraining.run import train
 
     out = tmp_path / "run"
     train(compose("train", [*tiny_overrides(small_shards, out, 3), "model.compile=true", "+model.num_layers=10",
                             "export.hf=false", "export.plot=false", "callbacks.checkpoint.every_n_train_steps=0"]))
-    assert compile_calls == ["EncoderLayer"] * 10
+    assert compile_calls == [{"module": "EncoderLayer", "fullgraph": True, "dynamic": False, "mode": "default"}] * 10
     assert len(graphs) == 1 and not torch._dynamo.utils.counters["graph_break"]
     names = torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert not any("_orig_mod" in name for name in names) and any(".layers.9." in name for name in names)
