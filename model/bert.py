@@ -23,6 +23,7 @@ from torch.autograd.function import once_differentiable
 
 from model.config import BertConfig
 from model.unpadding import UnpaddedLayout
+from model.vocab_padding import padded_vocab_linear
 
 IGNORE_INDEX = -100  # label of a slot that takes no part in a loss (padding of masked_positions)
 
@@ -180,9 +181,13 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.vocab_multiple = 1   # how the decoder runs, not what it is: model.pad_vocab_to_multiple_of
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.layer_norm(F.gelu(self.dense(hidden))))  # (..., C) -> (..., V)
+        transformed = self.layer_norm(F.gelu(self.dense(hidden)))
+        if self.vocab_multiple > 1:
+            return padded_vocab_linear(transformed, self.decoder.weight, self.decoder.bias, self.vocab_multiple)
+        return self.decoder(transformed)  # (..., C) -> (..., V)
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:

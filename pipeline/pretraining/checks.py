@@ -44,7 +44,7 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
-    for how_it_runs in ("compile", "compile_scope", "cuda_graphs"):   # how the model runs, not what it is
+    for how_it_runs in ("compile", "compile_scope", "cuda_graphs", "pad_vocab_to_multiple_of"):   # not what it is
         fields.pop(how_it_runs, None)
     fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
     if name not in MODERNBERT_PRESETS:

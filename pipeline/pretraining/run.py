@@ -135,6 +135,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
     module = BertPretrainingModule(**plan.module_hyper_parameters)   # what its checkpoints carry, and resumes compare
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
         apply_fp8(module.model)   # refuses a device without FP8 first
+    if hasattr(module.model, "mlm_head"):   # BERT's decoder (ModernBERT's vocabulary is a multiple of 64 already)
+        module.model.mlm_head.vocab_multiple = int(cfg.model.get("pad_vocab_to_multiple_of") or 1)
     apply_compile_settings(module.model, cfg.model, unpad=bool(cfg.data.get("unpad")))   # in place: names unchanged
     module.compiles_whole_model = bool(cfg.model.get("compile")) and cfg.model.get("compile_scope") == "whole"
     module.replays_cuda_graphs = bool(cfg.model.get("cuda_graphs"))
