@@ -43,7 +43,7 @@ OPERATIONAL: dict[str, tuple[str, ...]] = {
     "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
     "train": ("output_dir", "ckpt_path", "resume", "require_init_from_checkpoint", "require_resume",
               "data.verify_checksums", "data.micro_batch_margin", "data.pad_to_multiple_of", "data.unpad",
-              "model.compile", "model.compile_scope", "model.pad_vocab_to_multiple_of",
+              "model.compile", "model.compile_scope", "model.compile_autotune", "model.pad_vocab_to_multiple_of",
               "model.attention_backend",   # ModernBERT's SDPA or FlexAttention: the same attention, other kernels
               "model.cuda_graphs", "trainer.benchmark", "trainer.num_sanity_val_steps", "validation",
               "callbacks.checkpoint", "callbacks.throughput", *_KERNELS, *_LOGGING),

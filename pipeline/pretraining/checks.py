@@ -44,9 +44,10 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
-    for how_it_runs in ("compile", "compile_scope", "cuda_graphs", "pad_vocab_to_multiple_of"):   # not what it is
+    # How it runs, not what it is: torch.compile, CUDA graphs, the decoder's padded width, FP8 (pipeline/core/fp8.py)
+    for how_it_runs in ("compile", "compile_scope", "compile_autotune", "cuda_graphs", "pad_vocab_to_multiple_of",
+                        "fp8"):
         fields.pop(how_it_runs, None)
-    fields.pop("fp8", None)              # how its matmuls run (pipeline/core/fp8.py), not what it is
     if name not in MODERNBERT_PRESETS:
         fields.pop("attention_backend", None)   # ModernBERT's two attention paths; BERT has one
     return config_from_preset(name, **fields)

@@ -47,7 +47,15 @@ log = logging.getLogger("pipeline.pretraining")
 
 
 def compile_mode(model_cfg: Any) -> str:
-    return "reduce-overhead" if model_cfg.get("cuda_graphs") else "default"
+    """torch.compile's mode: CUDA graphs (model.cuda_graphs) or not, and model.compile_autotune: inductor's
+    max-autotune, which times its Triton matmul templates against the library's GEMM for each matmul shape and, where
+    a template wins, fuses what follows the matmul into its epilogue (the bias and GELU of the MLP's first matmul:
+    issue 48's bias+GELU epilogue). Longer compiles (each shape's candidates are timed); the same numerics as default
+    to rounding (tests/pretraining/test_compile_autotune.py)."""
+    autotune = bool(model_cfg.get("compile_autotune"))
+    if model_cfg.get("cuda_graphs"):
+        return "max-autotune" if autotune else "reduce-overhead"
+    return "max-autotune-no-cudagraphs" if autotune else "default"
 
 
 def fixed_width_padding(data_cfg: Any, model_cfg: Any) -> int:
