@@ -235,6 +235,8 @@ def table(rows: list[tuple[Case, dict]], sizes: Sizes) -> str:
             continue
         s = summarise(result)
         mfu = f"{s['perf/mfu']:.1%}" if "perf/mfu" in s else "n/a (no peak)"
+        if "perf/mfu_bf16" in s:   # an FP8 run: against the FP8 peak, and its bf16-equivalent
+            mfu += f" (FP8 peak; bf16-equivalent {s['perf/mfu_bf16']:.1%})"
         lines.append(f"{head} {s['perf/sequences_per_s']:,.1f} | {s['perf/padded_tokens_per_s']:,.0f} | "
                      f"{s['perf/tokens_per_s']:,.0f} | {mfu} | {result['peak_memory'] / 2**30:.2f} GiB | "
                      f"{result['attention']} |")
