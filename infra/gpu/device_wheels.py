@@ -31,7 +31,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DEST = REPO_ROOT / ".device" / "wheels"
 # The CPU rehearsal's copies (tests/infra/test_device_run.py): the set for the GPU's Python and the same set for this
-# machine's, outside the checkout, made once by `--rehearsal` (CI runs it before the tests: the tests reach no index).
+# machine's, outside the checkout, made once by `--rehearsal` (it needs the index; the tests reach none).
 REHEARSAL_CACHE = Path(os.environ.get("DEVICE_WHEELS_CACHE",
                                       Path.home() / ".cache" / "bert-pipeline" / "device-wheels"))
 DEVICE_PYTHON = "3.12"

@@ -2,8 +2,8 @@
 infra/gpu/device_wheels.py builds, installed with --no-index into an environment made like the GPU image's
 (infra/gpu/device_image.py), then gpu_variants in --cpu mode at tiny sizes with a small budget.
 
-The wheels come from the rehearsal cache that `python infra/gpu/device_wheels.py --rehearsal` fills (CI runs it
-before the tests; these tests reach no index): without it they skip, saying so."""
+The wheels come from the rehearsal cache that `python infra/gpu/device_wheels.py --rehearsal` fills (it needs the
+package index; these tests reach none): without it they skip, saying so."""
 from __future__ import annotations
 
 import json
@@ -30,7 +30,7 @@ def cached_wheels(version: str) -> Path:
     lock = folder / LOCK_NAME
     if not lock.exists():
         pytest.skip(f"no device wheels for Python {version} in {folder}: run `python infra/gpu/device_wheels.py "
-                    "--rehearsal` first (it needs the package index; .ci/run does it before the tests)")
+                    "--rehearsal` first (it needs the package index)")
     listed = {(w["name"], w["version"]) for w in json.loads(lock.read_text())["wheels"]}
     if listed != {(name, version) for name, version, _ in WHEELS}:
         pytest.skip(f"the wheels in {folder} are not device_wheels.WHEELS' set: rerun `python "
