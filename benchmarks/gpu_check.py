@@ -235,6 +235,8 @@ def table(rows: list[tuple[Case, dict]], sizes: Sizes) -> str:
             continue
         s = summarise(result)
         mfu = f"{s['perf/mfu']:.1%}" if "perf/mfu" in s else "n/a (no peak)"
+        if "perf/mfu_bf16" in s:   # an FP8 run: against the FP8 peak, and its bf16-equivalent
+            mfu += f" (FP8 peak; bf16-equivalent {s['perf/mfu_bf16']:.1%})"
         lines.append(f"{head} {s['perf/sequences_per_s']:,.1f} | {s['perf/padded_tokens_per_s']:,.0f} | "
                      f"{s['perf/tokens_per_s']:,.0f} | {mfu} | {result['peak_memory'] / 2**30:.2f} GiB | "
                      f"{result['attention']} |")
@@ -327,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any("error" in result for _, result in rows) else 0
 
 
-def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, started: float) -> dict:
+def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, started: float,
+              log: Path | None = None) -> dict:
+    """One row in a process of its own. Its output goes to its log as it runs (work/<row>.log, or appended to `log`),
+    so a row stopped by its limit, or a check killed from outside, leaves what the row printed so far."""
     result_file = work / f"{case.name}.json"
     result_file.unlink(missing_ok=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--case", case.name, "--workdir", str(work),
@@ -341,29 +346,35 @@ def run_child(case: Case, args: argparse.Namespace, work: Path, sizes: Sizes, st
             print(f"  not run: {max(left, 0):.0f} s of the budget left", flush=True)
             return {"error": f"not started: {max(left, 0):.0f} s of the check's {budget:.0f} s budget left"}
         timeout = min(timeout, left)
-    try:
-        # On the CPU rehearsal: DeepSpeed's CPU accelerator (it picks one when first imported), and one thread, which
-        # Lightning would otherwise raise to the core count where OMP_NUM_THREADS is unset.
-        cpu_env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
-        env = checkout_env(**cpu_env)
-        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"stopped at its time limit, {timeout:.0f} s (the row's limit or what was left of the "
-                         "check's budget; a known hang that ends so: the lock file of an interrupted JIT build, left "
-                         "in $TORCH_EXTENSIONS_DIR, makes the next build wait for ever)"}
-    log = work / f"{case.name}.log"
-    log.write_text(done.stdout + done.stderr)
+    log = log or work / f"{case.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # On the CPU rehearsal: DeepSpeed's CPU accelerator (it picks one when first imported), and one thread, which
+    # Lightning would otherwise raise to the core count where OMP_NUM_THREADS is unset.
+    cpu_env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
+    env = checkout_env(PYTHONUNBUFFERED="1", **cpu_env)
+    with open(log, "a") as handle:
+        handle.write(f"===== {case.name}: {' '.join(case.overrides)}\n")
+        handle.flush()
+        start_of_row = handle.tell()
+        try:
+            done = subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"stopped at its time limit, {timeout:.0f} s (the row's limit or what was left of the "
+                             "check's budget; a known hang that ends so: the lock file of an interrupted JIT build, "
+                             f"left in $TORCH_EXTENSIONS_DIR, makes the next build wait for ever) (log: {log})"}
     result = json.loads(result_file.read_text()) if result_file.exists() else None
     if done.returncode != 0 or result is None or "error" in result:
         if result is None or "error" not in result:   # died without saying why: its last words
-            last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+            with open(log) as handle:
+                handle.seek(start_of_row)
+                last = [line for line in handle.read().splitlines() if line.strip()][-1:] or ["no output"]
             result = {"error": f"exit {done.returncode}: {last[0]}"}
         result["error"] = f"{result['error'][:300]} (log: {log})"
         print(f"  not run: {result['error']}", flush=True)
         return result
     print(f"  done in {result['seconds']:.0f} s; attention: {result['attention']}", flush=True)
     return result
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -88,6 +88,13 @@ PEAK_FLOPS: dict[str, float] = {
 }
 
 
+# FP8 (e4m3/e5m2) dense tensor-core peak over the dense bf16 one: 2 on every NVIDIA part with FP8 (datasheets, dense:
+# H100 SXM 1,979 against 989 TFLOP/s, H100 PCIe 1,513 against 756, H200 1,979 against 989, L4 242 against 121, L40S
+# 733 against 362, B200 4,500 against 2,250). An FP8 run's MFU is against that peak (the precision its matmuls ran
+# in); its bf16-equivalent MFU, the same FLOPs against the bf16 peak, is twice as large (issue 48, item 5).
+FP8_OVER_BF16 = 2.0
+
+
 def peak_flops_for_device(device_name: str) -> float | None:
     """Peak bf16 FLOP/s for a torch.cuda.get_device_name() string, or None for an unknown GPU."""
     name = device_name.lower()

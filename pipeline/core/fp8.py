@@ -18,13 +18,19 @@ cuBLAS's tensorwise FP8 matmul, which torchao calls the fastest of its recipes. 
 kernels, one scale per row) are more accurate and slower; `apply_fp8(..., recipe="rowwise")` lets a benchmark
 compare them.
 
-Which layers: the four projections of every encoder layer (attention qkv and output, feed-forward fc_in and
-fc_out), where nearly all of BERT's FLOPs are, and only those whose in and out features are multiples of 16 (FP8
-matmuls need that; every preset's are). Not the embeddings (lookups, not matmuls), not the MLM decoder (tied to the
-word embeddings: its weight is the embedding matrix and FP8 would quantize every vocabulary logit), not the pooler,
-the MLM transform or the NSP head (small, and near the loss). torchao's own layer filter, tuned on H100, would also
-skip the C -> C and 4C -> C projections at hidden size 1024 or less as too small to gain; whether FP8 pays at
-BERT's sizes is for the GPU benchmark to measure, not assumed here.
+Which layers (model.fp8: true, or all_projections): only the encoder layers' projections (attention qkv and output,
+feed-forward fc_in and fc_out), where nearly all of BERT's FLOPs are. Not the embeddings (lookups, not matmuls), not
+the MLM decoder (tied to the word embeddings: its weight is the embedding matrix and FP8 would quantize every
+vocabulary logit), not the pooler, the MLM transform or the NSP head (small, and near the loss). Among the projections:
+  - `true`, the default filter since issue 48 item 5: torchao's own for the recipe (`_auto_filter_for_recipe`, its
+    thresholds from its H100 benchmarks), which for tensorwise scaling keeps a Linear only where in and out features
+    are multiples of 16 and not (in <= 4096 and out <= 1024): at hidden 1024 (BERT-Large) the qkv (1024 -> 3072) and
+    fc_in (1024 -> 4096) projections convert, the attention output (1024 -> 1024) and fc_out (4096 -> 1024) do not,
+    torchao having measured FP8 slower than bf16 at those shapes (the casts and scaling cost more than the matmul
+    gains). BERT-Base likewise; the tiny presets convert nothing, which is refused (below). Taken unless a GPU
+    measurement says otherwise: gpu_variants' fp8 rows can compare the two.
+  - `all_projections` (what `true` meant before; no FP8 run had been recorded then): every projection whose in and
+    out features are multiples of 16 (FP8 matmuls need that).
 
 When: before torch.compile (so that compile traces Float8Linear) and before the optimizer is built (it holds the
 same Parameters either way: the swap keeps them). train() calls `apply_fp8` where the model is built.
@@ -55,6 +61,7 @@ MIN_CAPABILITY = (8, 9)   # FP8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell
 NEEDS = "FP8 training needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell)"
 INSTALL = 'pip install "torchao==0.18.0"'   # the version pyproject.toml's train extra pins
 GPU_ACCELERATORS = ("gpu", "cuda", "auto")
+FILTERS = ("torchao", "all_projections")   # model.fp8: true is torchao's
 
 
 def check_fp8_settings(accelerator: str) -> None:
@@ -77,17 +84,19 @@ def check_fp8() -> None:
     _require_torchao()
 
 
-def apply_fp8(model: nn.Module, recipe: str = "tensorwise") -> list[str]:
+def apply_fp8(model: nn.Module, recipe: str = "tensorwise", layers: str = "torchao") -> list[str]:
     """check_fp8, then the encoder's projections of a BertForPreTraining (or BertModel) to FP8 training, in place;
     returns the names of the layers converted. Before torch.compile and before the optimizer is built."""
     check_fp8()
-    return convert_encoder_to_fp8(model, recipe)
+    return convert_encoder_to_fp8(model, recipe, layers)
 
 
-def convert_encoder_to_fp8(model: nn.Module, recipe: str = "tensorwise") -> list[str]:
-    """The conversion of apply_fp8 without the device check (tests and benchmarks on any machine): every nn.Linear
-    of the encoder layers whose in and out features are multiples of 16 becomes torchao's Float8Linear, keeping its
+def convert_encoder_to_fp8(model: nn.Module, recipe: str = "tensorwise", layers: str = "torchao") -> list[str]:
+    """The conversion of apply_fp8 without the device check (tests and benchmarks on any machine): the encoder
+    layers' nn.Linear modules that `layers` (FILTERS) chooses become torchao's Float8Linear, keeping their
     Parameters and their names."""
+    if layers not in FILTERS:
+        raise ValueError(f"FP8 layers {layers!r}: one of {', '.join(FILTERS)}")
     _require_torchao()
     # Imported only here: it takes a second, and on a CPU-only torch it logs that its CUDA kernels did not load (float8
     # training does not use them: it calls torch._scaled_mm).
@@ -95,17 +104,40 @@ def convert_encoder_to_fp8(model: nn.Module, recipe: str = "tensorwise") -> list
 
     bert = getattr(model, "bert", model)   # BertForPreTraining holds the encoder as .bert; a BertModel is one
     prefix = "bert.layers." if bert is not model else "layers."
-    chosen = [f"{prefix}{name}" for name, module in bert.layers.named_modules() if _is_fp8_eligible(module)]
-    # Plain layers and none of them eligible: an error. No plain layer at all: converted already, nothing to do.
+    chooses = fp8_filter(layers, recipe)
+    chosen = [f"{prefix}{name}" for name, module in bert.layers.named_modules() if chooses(module, name)]
+    # Plain layers and none of them chosen: an error. No plain layer at all: converted already, nothing to do.
     if not chosen and any(type(module) is nn.Linear for module in bert.layers.modules()):
+        if layers == "torchao" and any(_is_fp8_eligible(module) for module in bert.layers.modules()):
+            raise ValueError("model.fp8=true, but torchao's filter converts none of this model's encoder projections "
+                             "(all too small for FP8 to gain, by torchao's H100 measurements): set "
+                             "model.fp8=all_projections to convert them anyway, or model.fp8=false")
         raise ValueError("model.fp8=true, but no encoder projection has in and out features that are multiples of 16 "
                          "(FP8 matmuls need them): choose a hidden and intermediate size that are, or set "
                          "model.fp8=false")
     config = float8.Float8LinearConfig.from_recipe_name(recipe)
-    float8.convert_to_float8_training(bert.layers, config=config,
-                                      module_filter_fn=lambda module, name: _is_fp8_eligible(module))
-    log.info("FP8 training (torchao, %s scaling) of %d encoder projections", recipe, len(chosen))
+    float8.convert_to_float8_training(bert.layers, config=config, module_filter_fn=chooses)
+    log.info("FP8 training (torchao, %s scaling, filter %s) of %d encoder projections", recipe, layers, len(chosen))
     return chosen
+
+
+def fp8_layers(setting: bool | str) -> str:
+    """model.fp8's value (true, or a name of FILTERS) -> the filter's name."""
+    if setting is True:
+        return "torchao"
+    if setting in FILTERS:
+        return setting
+    raise ValueError(f"model.fp8={setting!r}: true (torchao's filter of the projections), all_projections, or false")
+
+
+def fp8_filter(layers: str, recipe: str = "tensorwise"):
+    """(module, name) -> whether it converts: a plain nn.Linear (not converted already) that the filter takes."""
+    if layers == "all_projections":
+        return lambda module, name: _is_fp8_eligible(module)
+    import torchao.float8 as float8
+
+    torchao_filter = float8._auto_filter_for_recipe(recipe, filter_fqns=[])
+    return lambda module, name: _is_fp8_eligible(module) and torchao_filter(module, name)
 
 
 def _is_fp8_eligible(module: nn.Module) -> bool:

@@ -32,7 +32,7 @@ from pipeline.core.callbacks.sigterm import HostSigtermAgreement
 from pipeline.core.callbacks.throughput import ThroughputMonitor
 from pipeline.core.checkpoint_retention import STEP_FILENAME, Retention
 from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
-from pipeline.core.fp8 import apply_fp8
+from pipeline.core.fp8 import apply_fp8, fp8_layers
 from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
 from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
 from pipeline.core.rollback import check_rollback
@@ -61,7 +61,7 @@ def _build_callbacks(cfg: DictConfig, checkpoint_dir: Path, progress_bar: bool
     throughput = cfg.callbacks.get("throughput") or {}
     callbacks: list[pl.Callback] = [
         ThroughputMonitor(log_every_n_steps=int(throughput.get("log_every_n_steps") or 10),
-                          peak_flops=throughput.get("peak_flops")),
+                          peak_flops=throughput.get("peak_flops"), fp8=bool(cfg.model.get("fp8"))),
         checkpoint,
         HostSigtermAgreement(),   # Lightning's per-micro-batch SIGTERM broadcast, on the host at step boundaries
     ]
@@ -134,7 +134,7 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         batch_warmup=plan.batch_warmup)   # data.batch_warmup: the global batch ramps up (data/batch_warmup.py)
     module = BertPretrainingModule(**plan.module_hyper_parameters)   # what its checkpoints carry, and resumes compare
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
-        apply_fp8(module.model)   # refuses a device without FP8 first
+        apply_fp8(module.model, layers=fp8_layers(cfg.model.fp8))   # refuses a device without FP8 first
     if hasattr(module.model, "mlm_head"):   # BERT's decoder (ModernBERT's vocabulary is a multiple of 64 already)
         module.model.mlm_head.vocab_multiple = int(cfg.model.get("pad_vocab_to_multiple_of") or 1)
     apply_compile_settings(module.model, cfg.model, unpad=bool(cfg.data.get("unpad")))   # in place: names unchanged

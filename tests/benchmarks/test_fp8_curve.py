@@ -25,3 +25,16 @@ def test_the_comparison_applies_the_stated_tolerance(benchmarks_importable):
     assert compare(base, spiky)["verdict"] == "outside the tolerance"                                    # a step > 3%
     early = {s: v * (1.5 if s < 50 else 1.0) for s, v in base.items()}
     assert compare(base, early)["verdict"] == "within the tolerance"        # the settling steps are not compared
+
+
+def test_the_fp8_verdict_is_sized_against_the_bf16_control(benchmarks_importable):
+    """Issue 48 item 5: a bf16-vs-bf16 control runs first; where its own gap takes more than half the 1% tolerance,
+    the FP8 comparison cannot resolve 1%, and says so instead of passing or failing."""
+    from fp8_curve import compare, judge
+
+    base = {step: 8.0 for step in range(10, 310, 10)}
+    quiet, noisy = (compare(base, {s: v * (1 + share) for s, v in base.items()}) for share in (0.001, 0.006))
+    fp8_close, fp8_far = (compare(base, {s: v * (1 + share) for s, v in base.items()}) for share in (0.005, 0.02))
+    assert judge(quiet, fp8_close) == "within the tolerance"
+    assert judge(quiet, fp8_far) == "outside the tolerance"
+    assert judge(noisy, fp8_close).startswith("not resolved: the bf16 control's own mean gap, 0.600%, exceeds 50% of")

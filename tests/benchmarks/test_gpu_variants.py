@@ -9,8 +9,8 @@ import pytest
 
 
 def table_rows(text: str) -> dict[str, list[str]]:
-    """The comparison table's rows (not the profile table after it)."""
-    table = text.split("profiled:")[0]
+    """The summary table's rows (not each run's lines before it, nor the profile table after it)."""
+    table = text.split("Summary")[1].split("profiled:")[0]
     return {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
             for line in table.splitlines() if re.match(r"\| (baseline|workers|compiled)", line)}
 
@@ -32,7 +32,7 @@ def test_variants_run_beside_the_baseline_in_rotated_rounds(benchmark_script, be
     assert [windows("baseline", r) for r in (1, 2)] == [2, 2]
     rows = table_rows((tmp_path / "gpu_variants.md").read_text())
     assert set(rows) == {"baseline", "workers_2"}
-    overrides, runs, each, median, ratio, mfu, memory = rows["workers_2"]
+    overrides, runs, each, median, ratio, mfu, mfu_bf16, memory = rows["workers_2"]
     assert overrides == "data.num_workers=2 trainer.log_every_n_steps=1" and runs == "2"
     seqs = [float(s.replace(",", "")) for s in each.split(", ")]
     shown = float(median.replace(",", ""))
@@ -42,7 +42,7 @@ def test_variants_run_beside_the_baseline_in_rotated_rounds(benchmark_script, be
     # the other way (64.9 / 68.7 = 0.9447, shown 0.95x from 64.90 / 68.67)
     slack = 0.005 + shown / base_median * (0.05 / shown + 0.05 / base_median)
     assert ratio.endswith("x") and float(ratio[:-1]) == pytest.approx(shown / base_median, abs=slack)
-    assert rows["baseline"][4] == "1 (the baseline)" and mfu == "n/a" and memory.endswith("GiB")
+    assert rows["baseline"][4] == "1 (the baseline)" and mfu == mfu_bf16 == "n/a" and memory.endswith("GiB")
 
 
 @pytest.mark.slow
@@ -57,7 +57,7 @@ def test_the_levers_rehearse_on_the_cpu_with_a_profile_of_each(benchmark_script,
                             TORCH_EXTENSIONS_DIR=torch_extensions_dir)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     text = (tmp_path / "gpu_variants.md").read_text()
-    table, profiles = text.split("Step 2 of each variant's first run, profiled:")
+    table, profiles = text.split("Summary")[1].split("Step 2 of each variant's first run, profiled:")
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| variant |")]
     assert [row[0] for row in rows] == ["baseline", *(name for name in LEVERS if name not in GPU_ONLY), MODERNBERT]
@@ -74,7 +74,7 @@ def test_a_spent_budget_starts_no_run_and_still_writes_the_table(benchmark_scrip
     rows = table_rows((tmp_path / "gpu_variants.md").read_text())
     assert set(rows) == {"baseline", "compiled"}
     for name, cells in rows.items():
-        assert cells[1].startswith("0 (2 not run: not started: 0 s of the check's 0 s budget left")
+        assert cells[1].startswith("0 (2 not run: not started: 0 s of the budget left, expected ")
         assert cells[3:5] == ["-", "-" if name == "compiled" else "1 (the baseline)"]
 
 
@@ -94,8 +94,8 @@ def test_a_variant_name_given_twice_is_refused(benchmark_script):
 
 
 def test_a_run_the_budget_cannot_finish_is_not_started(benchmarks_importable, tmp_path):
-    """Less time left than the variant's last run took: the run would be stopped before its end, so it does not
-    start (and the time goes to a run that can finish)."""
+    """Less time left than the variant's last run took (or, before it has one, than its expected cost): the run would
+    be stopped before its end, so it does not start (and the time goes to a run that can finish)."""
     import argparse
     import time
 
@@ -104,5 +104,35 @@ def test_a_run_the_budget_cannot_finish_is_not_started(benchmarks_importable, tm
     args = argparse.Namespace(cpu=True, budget=100.0)
     result = run_variant("compiled", ("model.compile=true",), 1, tmp_path, tmp_path / "shards", args,
                          started=time.perf_counter() - 60, last_took=45.0)
-    assert result == {"error": "not started: 40 s of the budget left, its last run took 45 s"}
+    assert result == {"error": "not started: 40 s of the budget left, expected 45 s (its last run here)"}
     assert not (tmp_path / "compiled").exists()
+    args = argparse.Namespace(cpu=False, budget=100.0)
+    result = run_variant("compiled", ("model.compile=true",), 0, tmp_path, tmp_path / "shards", args,
+                         started=time.perf_counter() - 60, last_took=None)
+    assert result == {"error": "not started: 40 s of the budget left, expected 150 s (estimate: a whole-model "
+                               "compile)"}
+
+
+def test_the_first_round_runs_the_baseline_then_the_cheapest_first(benchmarks_importable):
+    """Issue 48, finding 4: the most expensive row ("all") ran second; a budget that runs out now leaves out the
+    dearest rows, never the cheap ones."""
+    from gpu_variants import BASELINE, EXPECTED_S, LEVERS, MODERNBERT, first_round_order
+
+    order = first_round_order([BASELINE, *LEVERS, MODERNBERT], cpu=False)
+    assert order[0] == BASELINE and order[-1] == "all"
+    costs = [EXPECTED_S[name][0] for name in order[1:]]
+    assert costs == sorted(costs)
+    assert all(source == "measured" or source.startswith("estimate") for _, source in EXPECTED_S.values())
+    assert set(EXPECTED_S) == {BASELINE, *LEVERS, MODERNBERT}
+
+
+def test_each_run_is_appended_to_the_table_as_it_ends_with_its_mfu_against_the_peak_it_ran_at(benchmarks_importable):
+    from gpu_variants import run_line
+
+    fp8 = {"windows": [{"perf/sequences_per_s": 1.0, "perf/mfu": 0.1, "perf/mfu_bf16": 0.2}] * 2,
+           "peak_memory": 2**30}
+    line = run_line("fp8_compiled", 0, ("model.fp8=true",), (180, "estimate"), 200.0, fp8, baseline_rate=0.5)
+    assert line == ("| fp8_compiled | 1 | model.fp8=true | 180 (estimate) | 200 | 1.0 | 2.00x | 10.0% | 20.0% | "
+                    "1.00 GiB | done |")
+    bf16 = {"windows": [{"perf/sequences_per_s": 1.0, "perf/mfu": 0.1}], "peak_memory": 2**30}
+    assert "| 10.0% | 10.0% |" in run_line("compiled", 0, (), (150, "estimate"), 1.0, bf16, baseline_rate=1.0)

@@ -79,7 +79,7 @@ def test_a_gpu_without_fp8_is_refused_by_name_and_capability(fake_gpu, capabilit
 def test_a_gpu_with_fp8_is_accepted_and_converted(fake_gpu, capability, name):
     fake_gpu(capability, name)
     fp8.check_fp8()
-    assert fp8.apply_fp8(tiny_model()) == PROJECTIONS
+    assert fp8.apply_fp8(tiny_model(), layers="all_projections") == PROJECTIONS
 
 
 def test_without_torchao_the_error_names_the_install_command(fake_gpu, monkeypatch):
@@ -100,7 +100,7 @@ def test_the_encoder_projections_and_nothing_else_are_converted():
 
     model = tiny_model()
     names, parameters = list(model.state_dict()), dict(model.named_parameters())
-    assert fp8.convert_encoder_to_fp8(model) == PROJECTIONS
+    assert fp8.convert_encoder_to_fp8(model, layers="all_projections") == PROJECTIONS
     converted = sorted(name for name, module in model.named_modules() if isinstance(module, Float8Linear))
     assert converted == sorted(PROJECTIONS)
     # The embeddings, the pooler, the MLM transform, the decoder (still tied to the word embeddings) and the NSP head
@@ -112,14 +112,45 @@ def test_the_encoder_projections_and_nothing_else_are_converted():
     assert list(model.state_dict()) == names
     assert all(parameters[name] is parameter for name, parameter in model.named_parameters())
     assert all(type(tensor) is torch.Tensor for tensor in model.state_dict().values())
-    assert fp8.convert_encoder_to_fp8(model) == []   # converting again changes nothing
+    assert fp8.convert_encoder_to_fp8(model, layers="all_projections") == []   # converting again changes nothing
 
 
 @needs_torchao
 def test_layers_whose_sizes_are_not_multiples_of_16_stay_plain():
     model = tiny_model(intermediate_size=200)   # feed-forward 128 -> 200 -> 128: 200 is not a multiple of 16
-    assert fp8.convert_encoder_to_fp8(model) == [name for name in PROJECTIONS if "attention" in name]
+    attention = [name for name in PROJECTIONS if "attention" in name]
+    assert fp8.convert_encoder_to_fp8(model, layers="all_projections") == attention
     assert type(model.bert.layers[0].feed_forward.fc_in) is nn.Linear
+
+
+@needs_torchao
+@pytest.mark.parametrize("preset, converted", [("large", ["attention.qkv", "feed_forward.fc_in"]),
+                                               ("base", ["attention.qkv", "feed_forward.fc_in"])])
+def test_by_default_torchaos_filter_chooses_the_projections(preset, converted):
+    """Issue 48 item 5: model.fp8=true takes torchao's own filter (its H100 thresholds for tensorwise scaling): at
+    BERT-Large's widths the 1024 -> 3072 and 1024 -> 4096 projections convert, the 1024 -> 1024 attention output and
+    the 4096 -> 1024 fc_out stay bf16 (and BERT-Base's 768-wide ones likewise)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_preset(preset, num_layers=1, **TINY))
+    assert fp8.convert_encoder_to_fp8(model) == [f"bert.layers.0.{name}" for name in converted]
+    kinds = {name: type(module) for name, module in model.bert.layers[0].named_modules()
+             if isinstance(module, nn.Linear)}
+    assert kinds == {"attention.qkv": Float8Linear, "attention.output": nn.Linear,
+                     "feed_forward.fc_in": Float8Linear, "feed_forward.fc_out": nn.Linear}
+
+
+@needs_torchao
+def test_a_model_whose_projections_torchao_would_all_skip_is_refused_by_name():
+    with pytest.raises(ValueError, match="torchao's filter converts none .* model.fp8=all_projections"):
+        fp8.convert_encoder_to_fp8(tiny_model())
+
+
+def test_model_fp8_names_the_filter():
+    assert fp8.fp8_layers(True) == "torchao" and fp8.fp8_layers("all_projections") == "all_projections"
+    with pytest.raises(ValueError, match="true .*, all_projections, or false"):
+        fp8.fp8_layers("everything")
 
 
 @needs_torchao
@@ -127,7 +158,7 @@ def test_a_converted_model_saves_and_loads_as_a_plain_one(tmp_path):
     from pipeline.core.weights import load_pretraining_model, load_pretraining_weights
 
     model, plain = tiny_model(), tiny_model()
-    fp8.convert_encoder_to_fp8(model)
+    fp8.convert_encoder_to_fp8(model, layers="all_projections")
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(0.01)   # weights of its own, so that a load that did nothing shows
@@ -135,7 +166,7 @@ def test_a_converted_model_saves_and_loads_as_a_plain_one(tmp_path):
     # Into a plain model and back, strict: the same keys and shapes.
     plain.load_state_dict(model.state_dict())
     back = tiny_model()
-    fp8.convert_encoder_to_fp8(back)
+    fp8.convert_encoder_to_fp8(back, layers="all_projections")
     back.load_state_dict(plain.state_dict())
     assert all(torch.equal(back.state_dict()[name], tensor) for name, tensor in expected.items())
     # A Lightning checkpoint of the module (its keys: model.*), read by the pipeline's one loader.
@@ -146,7 +177,7 @@ def test_a_converted_model_saves_and_loads_as_a_plain_one(tmp_path):
     assert all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in expected.items())
     # Into a converted model (a run with model.fp8=true starting from init_from_checkpoint).
     target = tiny_model()
-    fp8.convert_encoder_to_fp8(target)
+    fp8.convert_encoder_to_fp8(target, layers="all_projections")
     load_pretraining_weights(target, checkpoint)
     assert all(torch.equal(target.state_dict()[name], tensor) for name, tensor in expected.items())
 
@@ -157,7 +188,7 @@ def test_the_hf_export_of_a_converted_model_holds_its_weights(tmp_path):
     from pipeline.pretraining.export import export_model
 
     model = tiny_model()
-    fp8.convert_encoder_to_fp8(model)
+    fp8.convert_encoder_to_fp8(model, layers="all_projections")
     export = export_model(model, tmp_path, shard_dir=_vocab_dir(tmp_path / "vocab", model.config.vocab_size))
     reloaded = load_pretraining_model(export)
     assert all(torch.equal(reloaded.state_dict()[name], tensor) for name, tensor in model.state_dict().items())
@@ -175,7 +206,7 @@ def test_a_run_with_fp8_layers_checkpoints_and_exports_their_weights(small_shard
     from pipeline.pretraining import checks, run
 
     monkeypatch.setattr(checks, "check_fp8_settings", lambda accelerator: None)
-    monkeypatch.setattr(run, "apply_fp8", fp8.convert_encoder_to_fp8)
+    monkeypatch.setattr(run, "apply_fp8", fp8.convert_encoder_to_fp8)   # model.fp8=all_projections: tiny's are small
     start = {}
 
     class Keep(pl.Callback):
@@ -185,7 +216,7 @@ def test_a_run_with_fp8_layers_checkpoints_and_exports_their_weights(small_shard
         def on_train_end(self, trainer, pl_module):
             start["module"] = pl_module
 
-    result = run.train(compose("train", [*tiny_overrides(small_shards, tmp_path, 3), "model.fp8=true",
+    result = run.train(compose("train", [*tiny_overrides(small_shards, tmp_path, 3), "model.fp8=all_projections",
                                          "export.plot=false"]), extra_callbacks=[Keep()])
     model = start["module"].model
     assert isinstance(model.get_submodule(PROJECTIONS[0]), Float8Linear)
@@ -200,7 +231,7 @@ def test_the_converted_encoder_runs_its_matmuls_in_fp8():
     """On this CPU too (torch has a CPU torch._scaled_mm): logits near the plain model's, not equal to them, and
     gradients for every converted weight."""
     model, plain = tiny_model().eval(), tiny_model().eval()
-    fp8.convert_encoder_to_fp8(model)
+    fp8.convert_encoder_to_fp8(model, layers="all_projections")
     input_ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
     logits, expected = model(input_ids).mlm_logits, plain(input_ids).mlm_logits
     assert not torch.equal(logits, expected)

@@ -7,7 +7,9 @@
                                padded length and number of predictions, the encoder's dense layers at the real
                                tokens only under data.unpad; for a fine-tuning batch, without MLM
                                labels, the encoder and pooler only: a task head's few FLOPs are left out); only
-                               with a known peak
+                               with a known peak. A run with model.fp8: against the FP8 peak (model.FP8_OVER_BF16
+                               times the bf16 one), the precision its encoder's matmuls run in
+    perf/mfu_bf16              FP8 runs only: the same FLOPs against the bf16 peak (their bf16-equivalent MFU)
 
 The peak FLOP/s of one device: callbacks.throughput.peak_flops (a number, or a key of model.PEAK_FLOPS), else
 looked up from the CUDA device name (model.peak_flops_for_device), else none and no MFU (the CPU). The table's
@@ -27,6 +29,7 @@ import pytorch_lightning as pl
 import torch
 
 from model import PEAK_FLOPS, batch_flops, peak_flops_for_device
+from model.flops import FP8_OVER_BF16
 
 
 def resolve_peak_flops(peak_flops: float | str | None, device: torch.device) -> float | None:
@@ -46,11 +49,12 @@ def resolve_peak_flops(peak_flops: float | str | None, device: torch.device) -> 
 
 
 class ThroughputMonitor(pl.Callback):
-    def __init__(self, log_every_n_steps: int = 10, peak_flops: float | str | None = None):
+    def __init__(self, log_every_n_steps: int = 10, peak_flops: float | str | None = None, fp8: bool = False):
         if log_every_n_steps < 1:
             raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}")
         self.log_every_n_steps = log_every_n_steps
         self.peak_flops_setting = peak_flops
+        self.fp8 = fp8   # model.fp8: MFU against the FP8 peak, the bf16-equivalent beside it
         self.peak_flops: float | None = None
         self._tokens: torch.Tensor | int = 0       # non-padding tokens since the last log (on the device)
         self._shape_counts = [0, 0, 0.0]           # [padded tokens, sequences, model FLOPs] since the last log (host)
@@ -97,6 +101,9 @@ class ThroughputMonitor(pl.Callback):
         metrics = {"perf/tokens_per_s": tokens_s, "perf/padded_tokens_per_s": padded_s,
                    "perf/sequences_per_s": sequences_s}
         if self.peak_flops:
-            metrics["perf/mfu"] = flops / elapsed / (self.peak_flops * trainer.world_size)
+            bf16_mfu = flops / elapsed / (self.peak_flops * trainer.world_size)
+            metrics["perf/mfu"] = bf16_mfu / FP8_OVER_BF16 if self.fp8 else bf16_mfu
+            if self.fp8:
+                metrics["perf/mfu_bf16"] = bf16_mfu
         pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         self._reset(trainer)

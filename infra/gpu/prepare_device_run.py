@@ -1,0 +1,54 @@
+"""Everything a device run carries, made here: the wheels the GPU image lacks, and the shard sets.
+
+    python infra/gpu/prepare_device_run.py          # .device/: wheels/, shards128/, shards_modern/; prints the sizes
+
+Then, with the device tool: run(command="bash infra/gpu/device_run.sh", carry=[".device"], timeout_s=600).
+The shard sets are gpu_check's and gpu_variants' GPU sets (the bundled sample at seq 128, 2 copies; the sample as
+ModernBERT's MLM rows of 1,024 tokens), made by data_prep as those scripts would make them there. The whole folder
+must stay within what a run carries beside the working tree (64 MiB for both together): this prints its size and
+refuses more than CARRY_LIMIT_MIB.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO_ROOT / "benchmarks")]
+
+from device_wheels import LOCK_NAME, build, describe  # noqa: E402
+
+CARRY_LIMIT_MIB = 56.0   # of the 64 MiB a run carries with the working tree
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=REPO_ROOT / ".device", help="the carried folder (.device)")
+    parser.add_argument("--python-version", default="3.12", help="the GPU image's Python")
+    args = parser.parse_args(argv)
+    dest = args.dest.resolve()
+    lock = build(dest / "wheels", args.python_version)
+    # The record of what travels, committed beside this script (the wheels built here from source archives,
+    # DeepSpeed's and antlr4's, get a new sha256 at each build: the lock in .device/wheels is the one the run checks).
+    (HERE / f"device-wheels.py{args.python_version}.lock").write_text((dest / "wheels" / LOCK_NAME).read_text())
+    print(describe(lock), f"lock: {dest / 'wheels' / LOCK_NAME}", sep="\n")
+    from gpu_variants import own_modern_shards, own_shards  # data_prep (Beam) runs here, not there
+
+    for made in (own_shards(dest, cpu=False), own_modern_shards(dest, cpu=False)):
+        print(f"{made.name}: {folder_bytes(made) / 2**20:.2f} MiB")
+    total = folder_bytes(dest) / 2**20
+    print(f"{dest}: {total:.2f} MiB in all (carry limit used here: {CARRY_LIMIT_MIB:.0f} MiB)")
+    if total > CARRY_LIMIT_MIB:
+        print(f"too large: {total:.2f} MiB > {CARRY_LIMIT_MIB:.0f} MiB", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
