@@ -23,6 +23,7 @@ from pathlib import Path
 from study_corpora import domain_documents
 from study_data import StudyData
 from study_decontamination import EvaluationIndex, normalised_words
+from study_record import restore_export
 from study_results import finetune_root, result_path, write_json
 from study_stats import paired
 from study_tasks import Arm, epochs_for, run_finetune
@@ -81,7 +82,7 @@ def run_sensitivity(shared_data: Path, out: Path, first_record: Path) -> dict:
         write_json(overlaps_file, scored_overlaps(shared_data, first_record, data))
     overlaps = json.loads(overlaps_file.read_text())
     leave_out = set(overlaps["first_corpus"]["positions"])
-    export = first_record / "pretrain" / "domain_120" / "hf_export"
+    export = restore_export(first_record / "pretrain" / "domain_120" / "hf_export", root / "domain_120_export")
     arms = {"domain_120": Arm.of({"name": "domain_120", "init": export}),
             "random_domain": Arm.of({"name": "random_domain", "random_like": export})}
     scores: dict[str, dict[str, dict[int, float]]] = {"all": {}, "clean": {}}

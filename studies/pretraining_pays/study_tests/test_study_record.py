@@ -50,11 +50,14 @@ def study_out(modules, tmp_path):
     return out
 
 
+# The export's weights as a pointer (their git blob id, sha256 and size), never a copy: the working tree travels to
+# a lent GPU machine within 64 MiB
 KEPT = {"calibration.json", "corpora/domain/stats.json", "search/domain/choice.json", "search/domain/tiny_try/DONE",
         "pretrain/domain_120/DONE", "pretrain/domain_120/csv/metrics.csv", "pretrain/domain_120/hf_export/config.json",
-        "pretrain/domain_120/hf_export/model.safetensors", "finetune/domain_120/sst2/1000/seed1.json",
+        "pretrain/domain_120/hf_export/model.safetensors.json", "finetune/domain_120/sst2/1000/seed1.json",
         "finetune/domain_120/zeroshot/sst2.json", "finetune/domain_120/rates/sst2/lr0.001.json",
         "finetune/domain_120/rates/sst2.json"}
+WEIGHTS = "pretrain/domain_120/hf_export/model.safetensors"
 
 
 def _files(root):
@@ -68,9 +71,29 @@ def test_finished_results_are_kept_and_come_back_on_an_empty_machine(modules, st
     assert _files(record) == KEPT       # no checkpoint, shard, corpus text, run folder, unfinished run or try export
     assert record_module.keep(study_out, record) == []          # nothing new: nothing copied
     fresh = tmp_path / "new_machine"
-    assert {str(p) for p in record_module.restore(fresh, record)} == KEPT
-    for name in KEPT:
+    # These weights are in no commit: all but them come back, and restore says so
+    assert {str(p) for p in record_module.restore(fresh, record)} == KEPT - {WEIGHTS + ".json"}
+    for name in KEPT - {WEIGHTS + ".json"}:
         assert (fresh / name).read_bytes() == (study_out / name).read_bytes()
+    assert not (fresh / WEIGHTS).exists()
+
+
+def test_the_committed_records_weights_come_back_from_git_history(modules, tmp_path):
+    """The 73.5 MB of exports committed before 2026-11-29 left the working tree for pointers; restore takes each
+    back from the repository's history, and its sha256 is the pointer's."""
+    record_module, _, _ = modules
+    import hashlib
+
+    pointers = sorted(record_module.RECORD.rglob("model.safetensors.json"))
+    assert len(pointers) == 8 and not list(record_module.RECORD.rglob("model.safetensors"))
+    out = tmp_path / "study"
+    restored = record_module.restore(out)
+    for pointer in pointers:
+        relative = pointer.relative_to(record_module.RECORD).with_name("model.safetensors")
+        assert relative in restored
+        wanted = json.loads(pointer.read_text())
+        data = (out / relative).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (wanted["bytes"], wanted["sha256"])
 
 
 def test_a_changed_result_is_kept_again_and_restore_never_overwrites(modules, study_out, tmp_path):
