@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,8 +53,12 @@ def run_rank_group(command: list[str], env: dict[str, str], timeout_s: float,
             stdout, stderr = proc.communicate()
         _signal_group(proc.pid, signal.SIGKILL)    # any process that outlived the SIGABRT (one blocking it)
         _wait_until_gone(proc.pid)
+        # Whole, in a file: the stacks of every rank and loader worker together outrun what a failure message keeps
+        # (a CI hang of 2026-11-29 lost its ranks' own stacks behind their workers')
+        kept = Path(tempfile.mkdtemp(prefix="rank-group-timeout-")) / "output.txt"
+        kept.write_text(f"command: {command}\n\nstdout:\n{stdout}\n\nstderr:\n{stderr}")
         pytest.fail(f"{' '.join(command[:2])} did not finish in {timeout_s:.0f} s; each process's stacks then "
-                    f"(faulthandler, on SIGABRT) are at the end of its stderr.\nstdout:\n{stdout[-3000:]}\n"
+                    f"(faulthandler, on SIGABRT) are in its stderr, all of it in {kept}.\nstdout:\n{stdout[-3000:]}\n"
                     f"stderr:\n{stderr[-20000:]}")
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
