@@ -60,6 +60,7 @@ def run_stage(stage: str, out: Path, shared_data: Path, args: argparse.Namespace
             print("\n".join(f"{name}: {path}" for name, path in made.items()), flush=True)
     if stage == "calibrate":
         calibrate_arms(out, list(ARMS.values()), args.quick)
+        finished()                                          # the calibration into the record before any run reads it
     elif stage == "arms":
         calibrate_arms(out, list(ARMS.values()), args.quick)   # nothing to do once calibration.json holds both
         for name, run in _runs(args):
