@@ -8,6 +8,7 @@ import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
+from tests.helpers.compile_counting import counting_compile
 
 
 class RecordBatches(pl.Callback):
@@ -19,28 +20,6 @@ class RecordBatches(pl.Callback):
         self.shapes.append(tuple(batch["input_ids"].shape))
         self.masked.append("attention_mask" in batch)
         self.strategy = type(trainer.strategy).__name__
-
-
-def counting_compile(monkeypatch) -> tuple[list[torch.fx.GraphModule], list[dict]]:
-    """Module.compile with a graph-counting backend in place of inductor: (the graphs Dynamo hands it, each call's
-    module and arguments)."""
-    graphs: list[torch.fx.GraphModule] = []
-    compile_calls: list[dict] = []
-
-    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    original = torch.nn.Module.compile
-
-    def compile_counting(self, *args, **kwargs):
-        compile_calls.append({"module": type(self).__name__, **kwargs})
-        original(self, fullgraph=kwargs["fullgraph"], dynamic=kwargs["dynamic"], backend=counting_backend)
-
-    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    return graphs, compile_calls
 
 
 def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_length(small_shards, tmp_path,

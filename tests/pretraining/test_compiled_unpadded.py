@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
+from tests.helpers.compile_counting import counting_compile
 
 
 class RecordTokenCounts(pl.Callback):
@@ -26,19 +27,7 @@ class RecordTokenCounts(pl.Callback):
 @pytest.mark.parametrize("scope, graphs_made", [("whole", 1), ("layers", 2)])
 def test_an_unpadded_compiled_run_compiles_one_graph_for_every_token_count(wiki_shards, tmp_path, tiny_overrides,
                                                                           monkeypatch, scope, graphs_made):
-    graphs: list[torch.fx.GraphModule] = []
-
-    def counting_backend(graph: torch.fx.GraphModule, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    original = torch.nn.Module.compile
-
-    def compile_counting(self, *args, **kwargs):
-        original(self, fullgraph=kwargs["fullgraph"], dynamic=kwargs["dynamic"], backend=counting_backend)
-
-    monkeypatch.setattr(torch.nn.Module, "compile", compile_counting)
-    torch._dynamo.reset()
+    graphs, _ = counting_compile(monkeypatch)
     from pipeline.pretraining.run import train
 
     record = RecordTokenCounts()
