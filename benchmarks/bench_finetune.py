@@ -44,7 +44,7 @@ from common import add_shared_data_flag, shared_path  # noqa: E402
 
 def write_initial_weights(out_dir: Path) -> Path:
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
 
     torch.manual_seed(0)
     return export_hf(BertForPreTraining(BertConfig.from_preset("mini")), out_dir, VOCAB)
@@ -75,8 +75,8 @@ class OursSide:
 
     def __init__(self, init: Path, data: Path, cache: Path, examples: int | None, lr: float, grouped: bool,
                  batch_size: int = 32):
-        from pipeline.core.optim import build_optimizer, build_scheduler
-        from pipeline.core.weights import load_into_task_model, load_pretrained
+        from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained
+        from pipeline.core.optim.optimizers import build_optimizer, build_scheduler
         from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
         from pipeline.finetuning.features import featurize
         from pipeline.finetuning.module import build_task_model
@@ -212,7 +212,7 @@ def bench_squad_inference(dev_file: Path, questions: int | None, batch_size: int
     import transformers
 
     from model import BertConfig, BertForQuestionAnswering
-    from model.hf_conversion import hf_task_config_dict, task_to_hf_state_dict
+    from model.bert.hf_conversion import hf_task_config_dict, task_to_hf_state_dict
     from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader
     from pipeline.finetuning.tasks import get_task
     from pipeline.finetuning.tokenizer import load_tokenizer

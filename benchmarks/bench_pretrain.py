@@ -12,7 +12,7 @@ What is compared, and why it is a fair comparison:
   (data_prep/sample_corpus/books) and read by the trainer's own PretrainingDataset (shuffling, padding to a
   multiple of 8). Ours scores the masked positions (masked_positions, labels); transformers takes the same labels
   laid out (B, T), -100 elsewhere, as its examples feed it.
-- Optimizer and schedule: both built by pipeline/core/optim.py from the composed training config
+- Optimizer and schedule: both built by pipeline/core/optim/optimizers.py from the composed training config
   (`pipeline/train.py model=<preset> optimizer.lr=<lr> trainer.max_steps=<steps>`): AdamW with BERT's parameter
   groups (no decay on biases and LayerNorm), eps 1e-6, weight decay 0.01, linear warmup (30 steps) and decay; the
   config's gradient clipping (global norm 1.0, torch.nn.utils.clip_grad_norm_, as Lightning clips); fp32 (the CPU
@@ -179,8 +179,8 @@ def build_sides(cfg, steps: int, seed: int, lr_error: float) -> tuple[list[Side]
     from omegaconf import OmegaConf
 
     from model import BertForPreTraining
-    from model.hf_conversion import hf_config_from, to_hf_state_dict
-    from pipeline.core.optim import build_optimizer, build_scheduler
+    from model.bert.hf_conversion import hf_config_from, to_hf_state_dict
+    from pipeline.core.optim.optimizers import build_optimizer, build_scheduler
     from pipeline.pretraining.checks import model_config_of
 
     config = model_config_of(cfg)

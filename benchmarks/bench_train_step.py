@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from model import BertConfig  # noqa: E402
-from model.hf_conversion import from_hf_state_dict, hf_config_from  # noqa: E402
+from model.bert.hf_conversion import from_hf_state_dict, hf_config_from  # noqa: E402
 from pipeline.pretraining.compiled import apply_compile_settings  # noqa: E402
 
 CLS_ID, SEP_ID, PAD_ID, MASK_ID = 101, 102, 0, 103

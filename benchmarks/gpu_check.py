@@ -10,13 +10,13 @@ a process of its own (a clean CUDA context, so that its peak memory is its own):
 - pre-training, +experiment=bert_large (seq 128) and +experiment=bert_large_phase2 (seq 512), with the recipes'
   micro-batches (64 and 8 sequences), on shards that data_prep makes from the bundled sample corpus:
   - DDP (one process) with the recipes' LAMB (optimizer=lamb: DeepSpeed's FusedLamb is another algorithm and is
-    refused, pipeline/core/optim.py),
+    refused, pipeline/core/optim/optimizers.py),
   - DeepSpeed ZeRO-2 with torch's fused AdamW (optimizer=adamw: fused wherever the parameters are), the ZeRO path;
 - fine-tuning BERT-Base (random weights: speed, not scores) on the bundled SST-2 sample, batch 32.
 Precision bf16-mixed (autocast over fp32 weights, under DDP and DeepSpeed alike) on the GPU and on the CPU.
 
 Figures per row: sequences/s, tokens/s (padded: what the hardware computes on; and without padding) and MFU, all
-from the pipeline's throughput callback (pipeline/core/callbacks/throughput.py: MFU = model FLOPs over the device's
+from the pipeline's throughput callback (pipeline/core/speed/throughput.py: MFU = model FLOPs over the device's
 dense bf16 peak, model/flops.py), the median of its windows after the first (which holds start-up and the profiled
 step); peak memory (torch.cuda.max_memory_allocated; on the CPU the process's peak RSS); and the scaled-dot-product
 attention kernel the step actually ran (benchmarks/gpu_probes.py: the operators of one profiled step).
@@ -102,7 +102,8 @@ def cases(sizes: Sizes, work: Path, extra: tuple[str, ...] = ()) -> list[Case]:
                            "callbacks.checkpoint.every_n_train_steps=0", "callbacks.checkpoint.save_last=false",
                            "export.hf=false", "export.plot=false", *extra)))
     batch = sizes.finetune_batch
-    # torch's fused AdamW under bf16-mixed with finetune.yaml's clipping: the module clips (pipeline/core/clipping.py)
+    # torch's fused AdamW under bf16-mixed with finetune.yaml's clipping: the module clips
+    # (pipeline/core/speed/clipping.py)
     runs.append(Case(
         name="finetune-sst2", program="finetune", model=sizes.base, seq="longest in batch", strategy="auto",
         optimizer="adamw (fused)", batch=f"{batch} x 1",
@@ -135,7 +136,7 @@ def prepare_inputs(sizes: Sizes, work: Path, args: argparse.Namespace) -> None:
         import torch
 
         from model import BertConfig, BertForPreTraining
-        from model.hf_files import export_hf
+        from model.bert.hf_files import export_hf
 
         torch.manual_seed(0)
         export_hf(BertForPreTraining(BertConfig.from_preset(sizes.base)), init, BUNDLED_VOCAB)
@@ -167,8 +168,8 @@ def run_case(case: Case, sizes: Sizes, work: Path) -> dict:
     from gpu_step_profile import StepProfileProbe
 
     from pipeline.core.app import compose
-    from pipeline.core.callbacks.throughput import ThroughputMonitor
-    from pipeline.core.loggers import csv_metrics_path
+    from pipeline.core.run.loggers import csv_metrics_path
+    from pipeline.core.speed.throughput import ThroughputMonitor
 
     if sizes is CPU:
         torch.set_num_threads(1)   # a shared CI runner: more threads than free cores slow a step down many times

@@ -29,7 +29,7 @@ NO_SDPA = "no SDPA call"
 
 def attention_backends(operator_names: Iterable[str]) -> str:
     """The SDPA backends among a profile's operator names, e.g. 'memory-efficient'; NO_SDPA where none ran
-    (model/bert.py's own attention with dropout on the CPU, for instance)."""
+    (model/bert/model.py's own attention with dropout on the CPU, for instance)."""
     found = sorted({SDPA_OPERATORS[name] for name in operator_names if name in SDPA_OPERATORS})
     return ", ".join(found) if found else NO_SDPA
 

@@ -8,7 +8,7 @@ gpu_check.py measures the pipeline's whole run; this takes the step apart, on th
 weights), so that the gap between the pipeline's MFU and the model's is visible:
 - fwd+bwd: forward and backward of one micro-batch, nothing else (the model's own ceiling);
 - step: 4 micro-batches accumulated, gradient clipping to 1.0, the optimizer step, zero_grad: what one optimizer step
-  of the pipeline computes, with the pipeline's optimizer (pipeline.core.optim.build_optimizer: LAMB as
+  of the pipeline computes, with the pipeline's optimizer (pipeline.core.optim.optimizers.build_optimizer: LAMB as
   `optimizer=lamb`, torch's fused AdamW as `optimizer=adamw`);
 each eager and compiled as `model.compile=true` does (the whole model and its losses: pipeline/pretraining/compiled.py).
 Per variant: sequences/s and MFU (model/flops.py, as the throughput callback) over --steps timed steps after
@@ -27,7 +27,7 @@ from common import at_least_one  # also puts the repository root on sys.path
 
 from model import BertConfig, BertForPreTraining
 from model.flops import flops_per_token, peak_flops_for_device
-from pipeline.core.optim import build_optimizer
+from pipeline.core.optim.optimizers import build_optimizer
 from pipeline.pretraining.compiled import apply_compile_settings
 
 OPTIMIZERS = {"lamb": {"name": "lamb", "lr": 1e-4, "weight_decay": 0.01},

@@ -26,7 +26,7 @@ def shard_set_content(manifest: dict[str, Any]) -> str:
 
 def shard_bytes_content(manifest: dict[str, Any]) -> str:
     """The shards and the tokenizer only: the identity that runs recorded before the parameters counted
-    (pipeline/core/run_record.py compares such a record with it)."""
+    (pipeline/core/run/run_record.py compares such a record with it)."""
     return hashlib.sha256(json.dumps(_bytes_identity(manifest), sort_keys=True).encode()).hexdigest()
 
 

@@ -3,7 +3,7 @@ gets pid 1 again; a busy node cycles through pid_max), so a pid that is alive ma
 also keeps the process's start time (Linux /proc: clock ticks since boot) tells the two apart.
 
 Torch- and Beam-free: data_prep (the spill's owner, data_prep/spill_owner.py) and the trainer's lock
-(pipeline/core/holder_lock.py) both use it. It lives in data_prep because data_prep cannot import the pipeline
+(pipeline/core/cluster/holder_lock.py) both use it. It lives in data_prep because data_prep cannot import the pipeline
 package: `python data_prep/run.py` puts data_prep/ first on sys.path, where data_prep/pipeline.py shadows it.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Small files that readers find absent, old or whole, never cut off, whatever kills the writer.
 
-On a local disk as pipeline/core/atomic_files.py does it: a new temporary file in the same directory (mode as a plain
-open() gives, not mkstemp's 0600), fsynced, one atomic rename over the target, the directory synced. That module
-cannot be imported from here: `python data_prep/run.py` puts data_prep/ first on sys.path, where data_prep/pipeline.py
-shadows the pipeline package. Elsewhere (gs://, s3://, hdfs://) as data_prep writes its shards: a temporary name,
-then a rename.
+On a local disk as pipeline/core/checkpoints/atomic_files.py does it: a new temporary file in the same directory (mode
+as a plain open() gives, not mkstemp's 0600), fsynced, one atomic rename over the target, the directory synced. That
+module cannot be imported from here: `python data_prep/run.py` puts data_prep/ first on sys.path, where
+data_prep/pipeline.py shadows the pipeline package. Elsewhere (gs://, s3://, hdfs://) as data_prep writes its shards: a
+temporary name, then a rename.
 """
 from __future__ import annotations
 

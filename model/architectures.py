@@ -1,6 +1,6 @@
 """The two encoder families side by side: which one a preset name or a saved config means, and its pre-training model.
 
-BERT (model/bert.py) and the ModernBERT-class encoder (model/modernbert/) keep their own configs and classes; the
+BERT (model/bert/model.py) and the ModernBERT-class encoder (model/modernbert/) keep their own configs and classes; the
 pipeline reaches them through these few functions, so that a stage never asks "which one is this" twice in two ways.
 A config dict names its family under "architecture" (ModernBertConfig.to_dict() writes it; BertConfig's, written
 before there were two, has none and means BERT).
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from model.bert import BertForPreTraining
-from model.config import PRESETS as BERT_PRESETS
-from model.config import BertConfig
+from model.bert.config import PRESETS as BERT_PRESETS
+from model.bert.config import BertConfig
+from model.bert.model import BertForPreTraining
 from model.modernbert.config import PRESETS as MODERNBERT_PRESETS
 from model.modernbert.config import ModernBertConfig
 from model.modernbert.model import ModernBertForMaskedLM

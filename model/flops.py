@@ -1,7 +1,7 @@
 """FLOPs of a BERT training step and model FLOPs utilisation (MFU): what the throughput callback reports."""
 from __future__ import annotations
 
-from model.config import BertConfig
+from model.bert.config import BertConfig
 from model.modernbert.config import ModernBertConfig
 
 

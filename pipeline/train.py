@@ -8,14 +8,14 @@
     python pipeline/train.py ckpt_path=last hydra.run.dir=<run>   # resume a run, same logs
 
 The run itself: pipeline/pretraining/run.py. Under SLURM, a run stopped by the requeue signal exits with status 75
-(pipeline/core/requeue.py: checkpoint saved, job requeued; its next start resumes). A run stopped by SIGINT (Ctrl-C)
-exits with 130, one stopped by SIGTERM (`kill`, `scancel`, an eviction) with 143: 128 + the signal's number, as a
-shell reports it. Not Lightning's 1 of any failure: what restarts a failed training (pipeline/core/restarts.py) must
-not start again a run that somebody stopped. And never 0, Lightning's for SIGTERM: the workflow
-(pipeline/orchestration/stage_runner.py) would record the unfinished run as the stage's result. A run refused before
-it starts (a resume that changes what shapes the run, a run directory in use or not writable, a checkpoint it may not
-read, a setting the checks in pipeline/pretraining/checks.py refuse) prints the reason alone to stderr and exits with
-2 (pipeline.core.app.refused): nothing starts it again.
+(pipeline/core/cluster/requeue.py: checkpoint saved, job requeued; its next start resumes). A run stopped by SIGINT
+(Ctrl-C) exits with 130, one stopped by SIGTERM (`kill`, `scancel`, an eviction) with 143: 128 + the signal's number, as
+a shell reports it. Not Lightning's 1 of any failure: what restarts a failed training
+(pipeline/core/cluster/restarts.py) must not start again a run that somebody stopped. And never 0, Lightning's for
+SIGTERM: the workflow (pipeline/orchestration/stage_runner.py) would record the unfinished run as the stage's result. A
+run refused before it starts (a resume that changes what shapes the run, a run directory in use or not writable, a
+checkpoint it may not read, a setting the checks in pipeline/pretraining/checks.py refuse) prints the reason alone to
+stderr and exits with 2 (pipeline.core.app.refused): nothing starts it again.
 """
 import signal
 import sys
@@ -24,7 +24,7 @@ import hydra
 from omegaconf import DictConfig
 
 from pipeline.core import app  # first: silences known noise, registers the config resolvers
-from pipeline.core.requeue import REQUEUED_EXIT_CODE
+from pipeline.core.cluster.requeue import REQUEUED_EXIT_CODE
 from pipeline.pretraining.run import summary, train
 
 STOPPED_BY: list[int] = []    # SIGINT or SIGTERM, once received

@@ -126,7 +126,7 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     import torch
 
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
 
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=128))

@@ -5,8 +5,8 @@
 Run it with the same #SBATCH/srun geometry as the real job (e.g. `--nodes=2 --ntasks-per-node=8 --gpus-per-node=8`)
 before spending a queue slot on bert_large: it checks that Lightning detects SLURM, that every rank joins one
 process group (nccl on GPUs, gloo on CPUs), that gradients are all-reduced (every rank ends with the same weights),
-and that the requeue's own gloo group (pipeline/core/requeue.py, made as a training makes it) connects every rank
-across nodes: one all-reduce over it, in at most a minute (a host name resolving to a loopback address is refused
+and that the requeue's own gloo group (pipeline/core/cluster/requeue.py, made as a training makes it) connects every
+rank across nodes: one all-reduce over it, in at most a minute (a host name resolving to a loopback address is refused
 first, saying what to set). Each rank prints one JSON line, and writes it to DIR/rank<N>.json when --out is given.
 Exit status 0 means every rank finished; tests/pretraining/test_slurm.py submits it to a real single-node SLURM.
 """
@@ -28,8 +28,8 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
-from pipeline.core.requeue import agreement_group  # noqa: E402
-from pipeline.core.strategies import build_strategy  # noqa: E402
+from pipeline.core.cluster.requeue import agreement_group  # noqa: E402
+from pipeline.core.speed.strategies import build_strategy  # noqa: E402
 
 
 class TinyRegression(pl.LightningModule):

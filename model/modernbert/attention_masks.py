@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from model.unpadding import UnpaddedLayout
+from model.shared.unpadding import UnpaddedLayout
 
 # Global document ids in the unpadded layout: row * _ROW_STRIDE + document, so that two rows' documents never meet
 # whatever their ids within a row (any id below 2^32).

@@ -4,8 +4,8 @@
 Each is transformers' class of the same name: the encoder, the prediction head (dense + GELU + LayerNorm, as before
 the MLM decoder), dropout, and a linear classifier. The sequence-level heads pool the final states first, by the
 [CLS] state or by the mean over real tokens (config.classifier_pooling): on long inputs [CLS] sees the whole sequence
-only in the global layers. Their forward has the BERT heads' signature (model/heads.py), token_type_ids accepted and
-ignored, and they return the same TaskOutput with the same losses.
+only in the global layers. Their forward has the BERT heads' signature (model/bert/heads.py), token_type_ids accepted
+and ignored, and they return the same TaskOutput with the same losses.
 
 Shapes: B batch, K choices per example, T sequence length, C hidden size, L num_labels.
 """
@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from model.bert import IGNORE_INDEX, dropout
-from model.heads import TaskOutput, _check_num_labels, choice_loss, mean_cross_entropy, regression_loss, span_loss
 from model.modernbert.config import ModernBertConfig
 from model.modernbert.model import ModernBertModel, PredictionHead, truncated_normal_
+from model.shared.dropout import dropout
+from model.shared.losses import choice_loss, mean_cross_entropy, regression_loss, span_loss
+from model.shared.outputs import IGNORE_INDEX, TaskOutput, _check_num_labels
 
 
 def mean_pool(sequence: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from model.hf_conversion import short_list, with_task_labels
 from model.modernbert.config import ModernBertConfig
 from model.modernbert.heads import (
     ModernBertForMultipleChoice,
@@ -21,6 +20,7 @@ from model.modernbert.heads import (
     ModernBertForTokenClassification,
 )
 from model.modernbert.model import ModernBertForMaskedLM
+from model.shared.hf_checkpoints import short_list, with_task_labels
 
 _OURS, _HF = "encoder.", "model."  # where our models and transformers' keep the encoder
 # transformers' state_dict() holds the tied decoder under both names and save_pretrained stores it once.

@@ -1,6 +1,6 @@
 """transformers ModernBERT directories: written (export_modernbert_hf: config.json, model.safetensors and the
 tokenizer, which transformers loads offline) and read (read_modernbert_hf). The names and configs are
-model/modernbert/hf_conversion.py; the weight files are read by model/hf_files.py's read_hf_checkpoint.
+model/modernbert/hf_conversion.py; the weight files are read by model/bert/hf_files.py's read_hf_checkpoint.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from model.hf_files import read_hf_checkpoint
 from model.modernbert.config import ModernBertConfig
 from model.modernbert.hf_conversion import (
     HF_TIED_ALIASES,
@@ -26,6 +25,7 @@ from model.modernbert.hf_conversion import (
     to_hf_state_dict,
 )
 from model.modernbert.model import ModernBertForMaskedLM
+from model.shared.hf_checkpoints import read_hf_checkpoint
 
 # transformers' names of the special tokens, and the config field holding each one's id.
 _SPECIAL_TOKEN_IDS = {"pad_token": "pad_token_id", "cls_token": "cls_token_id", "sep_token": "sep_token_id",

@@ -11,7 +11,7 @@ parameter names are transformers' (model/modernbert/hf_conversion.py only rename
 both give the same logits.
 
 Beyond transformers: packed rows (document_ids: several documents per row, each attending only within itself) and
-unpadding (token_index, model/unpadding.py); who attends to whom is model/modernbert/attention_masks.py.
+unpadding (token_index, model/shared/unpadding.py); who attends to whom is model/modernbert/attention_masks.py.
 
 Shapes: B batch, T sequence length, N computed (unpadded) tokens, C hidden size, nh heads, hs head size
 (C = nh * hs), F GeGLU width, P masked positions per sequence, V vocabulary size.
@@ -25,10 +25,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.bert import EncoderOutput, PreTrainingOutput, classification_loss, dropout
 from model.modernbert.attention_masks import AttentionMasks, build_attention_masks, token_documents
 from model.modernbert.config import ModernBertConfig
-from model.unpadding import UnpaddedLayout
+from model.shared.dropout import dropout
+from model.shared.losses import classification_loss
+from model.shared.outputs import EncoderOutput, PreTrainingOutput
+from model.shared.unpadding import UnpaddedLayout
 
 
 class Embeddings(nn.Module):
@@ -220,7 +222,7 @@ class ModernBertModel(nn.Module):
         """input_ids, attention_mask (1 = token, 0 = padding; default none), document_ids (the document of its row
         each token belongs to, -1 at padding; default one per row), position_ids (within its document; default
         0..T-1): all (B, T). token_index (N,): the layers compute on these tokens only (flat indices b * T + t,
-        model/unpadding.py); their states are zeros elsewhere.
+        model/shared/unpadding.py); their states are zeros elsewhere.
         hidden_states: the embeddings, each layer's output, and for the last layer its output after the final
         LayerNorm (sequence_output), as transformers 5's."""
         B, T = input_ids.shape

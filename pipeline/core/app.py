@@ -29,9 +29,9 @@ from data_prep.known_noise import silence_known_noise
 silence_known_noise()
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import InterpolationResolutionError  # noqa: E402
 
 from data_prep.presets import REPO_ROOT, compose_config, register_repo_root_resolver  # noqa: E402
+from pipeline.core.run.output_dir import output_dir  # noqa: E402, F401  (app.output_dir: every program's)
 
 CONFIG_ROOT = REPO_ROOT / "conf"
 TRAINING_CONFIGS = CONFIG_ROOT / "training"
@@ -74,7 +74,7 @@ def compose_resolved(config_dir: Path, config_name: str | None, overrides: Seque
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from pipeline.core.shaping import leaves
+    from pipeline.core.run.shaping import leaves
 
     try:
         cfg = compose_config(config_dir, config_name, overrides)
@@ -96,19 +96,6 @@ def compose(program: str, overrides: Sequence[str] = ()) -> DictConfig:
     return compose_config(PROGRAMS[program], program, overrides)
 
 
-def output_dir(cfg: DictConfig, program: str) -> Path:
-    """The run's output directory: Hydra's run directory under `python pipeline/<program>.py`, output_dir=... when a
-    program's function is called directly."""
-    try:
-        value = cfg.output_dir
-    except (InterpolationResolutionError, ValueError) as error:
-        raise ValueError(f"output_dir is not set: `python pipeline/{program}.py` takes Hydra's run directory; when "
-                         f"calling its function yourself, pass output_dir=<directory>") from error
-    if not value:
-        raise ValueError("output_dir is empty")
-    return Path(value).resolve()
-
-
 def refused(error: BaseException, check_modules: Collection[str]) -> bool:
     """Whether `error` refused the run before it started, for a reason its message gives in full: a run directory in
     use or not writable, a checkpoint this user may not read, a resume that changes what shapes the run, a start
@@ -116,11 +103,11 @@ def refused(error: BaseException, check_modules: Collection[str]) -> bool:
     ValueError or OSError raised while the entry point's start checks ran (a frame of its traceback in one of
     `check_modules`, e.g. "pipeline.pretraining.checks"). A failure of another kind, or of the same kinds elsewhere,
     is not one: its traceback is wanted."""
-    from pipeline.core.checkpoint_files import UnreadableCheckpoint
-    from pipeline.core.fresh_start import StartOverRefused
-    from pipeline.core.rollback import RollbackRefused
-    from pipeline.core.run_dir_lock import RunDirInUse, RunDirNotWritable
-    from pipeline.core.run_record import ResumeRefused
+    from pipeline.core.checkpoints.checkpoint_files import UnreadableCheckpoint
+    from pipeline.core.cluster.run_dir_lock import RunDirInUse, RunDirNotWritable
+    from pipeline.core.run.fresh_start import StartOverRefused
+    from pipeline.core.run.rollback import RollbackRefused
+    from pipeline.core.run.run_record import ResumeRefused
 
     if isinstance(error, (RunDirInUse, RunDirNotWritable, UnreadableCheckpoint, ResumeRefused, StartOverRefused,
                           RollbackRefused)):
@@ -132,7 +119,7 @@ def refused(error: BaseException, check_modules: Collection[str]) -> bool:
 def exit_refused(error: BaseException) -> NoReturn:
     """Prints a refusal's message to stderr, alone (with its traceback under HYDRA_FULL_ERROR=1, Hydra's switch for
     them), and exits with REFUSED_EXIT_CODE."""
-    from pipeline.core.restarts import REFUSED_EXIT_CODE
+    from pipeline.core.cluster.restarts import REFUSED_EXIT_CODE
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         traceback.print_exception(error)

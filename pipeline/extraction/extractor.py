@@ -5,7 +5,7 @@ featurizer and batching.
     for sentence in extractor.extract(records, report):   # in input order
         sentence.pooled["mean"]["layer_-1"]                # (C,) numpy
 
-The weights and the tokenizer come from `init=` exactly as fine-tuning takes them (pipeline/core/weights.py,
+The weights and the tokenizer come from `init=` exactly as fine-tuning takes them (pipeline/core/checkpoints/weights.py,
 pipeline/finetuning/tokenizer.py), so extraction accepts every checkpoint fine-tuning does. Sentences are featurized by
 fine-tuning's sentence_features ([CLS] a [SEP] (b [SEP]), the reference's truncation) and batched by its eval_loader:
 a chunk of records at a time, shortest first, each batch padded to its own longest sequence, then put back in input
@@ -38,7 +38,7 @@ POOLINGS = ("cls", "mean")
 
 class FeatureEncoder(torch.nn.Module):
     """The encoder without a head: what fine-tuning's load_into_task_model fills (the family's encoder attribute,
-    pipeline/core/weights.py's encoder_of: BERT's `.bert`, ModernBERT's `.encoder`)."""
+    pipeline/core/checkpoints/weights.py's encoder_of: BERT's `.bert`, ModernBERT's `.encoder`)."""
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
@@ -83,7 +83,7 @@ class Extractor:
                   **settings) -> Extractor:
         """The encoder of `init` (anything fine-tuning's init= takes). layers: indices as layers.py reads them;
         None for every hidden state, embeddings first (what the probe combines)."""
-        from pipeline.core.weights import load_into_task_model, load_pretrained
+        from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained
         from pipeline.finetuning.tokenizer import check_special_tokens, load_tokenizer
 
         pretrained = load_pretrained(init, tokenizer)

@@ -11,7 +11,8 @@ A batch: input_ids, token_type_ids, attention_mask (B, T) int64 - (B, K, T) for 
 for sequence tasks (float for regression), (B, 2) start and end positions for span tasks (SQuAD), (B, T) per token
 for token tasks (NER; -100 where a token has no label, padding included) - and row (B,) positions in the split.
 
-The loaders' workers ignore SLURM's requeue signal, whatever the start method (pipeline/core/requeue_safe_loader.py).
+The loaders' workers ignore SLURM's requeue signal, whatever the start method
+(pipeline/core/cluster/requeue_safe_loader.py).
 """
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ import datasets
 import numpy as np
 import torch
 
-from model.bert import IGNORE_INDEX
-from pipeline.core.requeue_safe_loader import RequeueSafeDataLoader
+from model.shared.outputs import IGNORE_INDEX
+from pipeline.core.cluster.requeue_safe_loader import RequeueSafeDataLoader
 
 MEGABATCH_BATCHES = 50
 

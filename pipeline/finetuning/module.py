@@ -1,8 +1,8 @@
-"""FinetuneModule: a task model (model/heads.py) inside Lightning. Task-agnostic: what differs between tasks (the
+"""FinetuneModule: a task model (model/bert/heads.py) inside Lightning. Task-agnostic: what differs between tasks (the
 head, turning logits into predictions, the metric) comes from the task's kind and its Task object.
 
 Logged: train/loss (the mean over the steps since the last log and over the ranks) and train/lr every
-trainer.log_every_n_steps steps, read on the host at those steps only (pipeline/core/step_stats.py); after every
+trainer.log_every_n_steps steps, read on the host at those steps only (pipeline/core/speed/step_stats.py); after every
 validation (each epoch end) <split>/<metric> for each evaluation split (dev, or dev_matched and dev_mismatched for
 MNLI) and <split>/loss.
 Evaluation and prediction on several ranks: each rank collects its rows' results, rank 0 gathers them, each row
@@ -32,17 +32,18 @@ from model import (
     ModernBertForTokenClassification,
 )
 from model.architectures import EncoderConfig, config_from_dict, is_modernbert
-from model.heads import choice_loss, mean_cross_entropy, regression_loss, span_loss
-from pipeline.core.clipping import clip_by_norm, clips_itself
-from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
-from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
+from model.shared.losses import choice_loss, mean_cross_entropy, regression_loss, span_loss
+from pipeline.core.optim.optimizers import build_optimizer, build_scheduler, clips_under_mixed_precision
+from pipeline.core.speed.clipping import clip_by_norm, clips_itself
+from pipeline.core.speed.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
 from pipeline.finetuning.gather import rows_on_rank_zero
 from pipeline.finetuning.tasks import get_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
-# kind -> (BERT's head, ModernBERT's head): the same forward, outputs and losses (model/heads.py, model/modernbert/)
+# kind -> (BERT's head, ModernBERT's head): the same forward, outputs and losses (model/bert/heads.py,
+# model/modernbert/)
 _HEADS = {"multiple_choice": (BertForMultipleChoice, ModernBertForMultipleChoice),
           "span": (BertForQuestionAnswering, ModernBertForQuestionAnswering),
           "token": (BertForTokenClassification, ModernBertForTokenClassification),
@@ -80,7 +81,7 @@ def per_token_kind(kind: str) -> bool:
     return kind in ("span", "token")
 
 
-# The heads' own loss of each kind (model/heads.py), applied to one row at a time by row_loss.
+# The heads' own loss of each kind (model/bert/heads.py), applied to one row at a time by row_loss.
 _HEAD_LOSSES = {"classification": choice_loss, "multiple_choice": choice_loss, "regression": regression_loss,
                 "span": span_loss, "token": functools.partial(mean_cross_entropy, ignore_index=IGNORE_INDEX)}
 
@@ -103,8 +104,8 @@ class FinetuneModule(pl.LightningModule):
                  task_settings: dict[str, Any] | None = None):
         """model_config: the encoder config's fields (BertConfig's, or ModernBertConfig's with "architecture"; dropout
         as fine-tuning wants it); task: a name of pipeline.finetuning.tasks;
-        optimizer / scheduler: configs for pipeline/core/optim.py; total_steps: optimizer steps of the whole run (where
-        the schedule reaches 0); eval_splits: names of the validation dataloaders, in order;
+        optimizer / scheduler: configs for pipeline/core/optim/optimizers.py; total_steps: optimizer steps of the whole
+        run (where the schedule reaches 0); eval_splits: names of the validation dataloaders, in order;
         eval_data, task_settings: what a per-token task's evaluate() needs besides the outputs, the (examples,
         features) of each evaluation split and the task's settings."""
         super().__init__()
@@ -135,7 +136,7 @@ class FinetuneModule(pl.LightningModule):
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:
-        # bf16-mixed and fp32: clipped here, so that torch's fused AdamW may train (pipeline/core/clipping.py)
+        # bf16-mixed and fp32: clipped here, so that torch's fused AdamW may train (pipeline/core/speed/clipping.py)
         if not clips_itself(self.trainer):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         clip_by_norm(self.model.parameters(), float(gradient_clip_val))

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.curves import PLOT_NAME, Panel, plot_curves, read_metrics
-from pipeline.core.loggers import csv_metrics_path
-from pipeline.core.weights import HF_EXPORT_DIR
+from pipeline.core.checkpoints.weights import HF_EXPORT_DIR
+from pipeline.core.run.curves import PLOT_NAME, Panel, plot_curves, read_metrics
+from pipeline.core.run.loggers import csv_metrics_path
 
 METRICS_FILE = "metrics.json"
 PREDICTIONS_DIR = "predictions"
@@ -71,7 +71,7 @@ def export_task_model(model, out_dir: Path, tokenizer_source: Path, id2label: di
         from model.modernbert.hf_files import export_modernbert_hf
 
         return export_modernbert_hf(model, out_dir, tokenizer_source, id2label=id2label)
-    from model.hf_files import export_hf_task
+    from model.bert.hf_files import export_hf_task
 
     return export_hf_task(model, out_dir, tokenizer_source, id2label=id2label)
 

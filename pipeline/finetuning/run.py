@@ -11,8 +11,8 @@ test files are there), csv/metrics.csv and curves.png, hf_export/ (transformers'
 BertForSequenceClassification / BertForMultipleChoice / ... with id2label, and the tokenizer; ModernBert* from a
 ModernBERT checkpoint), and Hydra's .hydra/.
 
-`init=` may hold BERT or a ModernBERT-class encoder (pipeline/core/weights.py tells them apart): the task's head is
-then that family's (pipeline/finetuning/module.py), with the same features, batches and outputs.
+`init=` may hold BERT or a ModernBERT-class encoder (pipeline/core/checkpoints/weights.py tells them apart): the task's
+head is then that family's (pipeline/finetuning/module.py), with the same features, batches and outputs.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.core.callbacks.sigterm import HostSigtermAgreement
-from pipeline.core.loggers import build_loggers, finish_wandb, wandb_environment
-from pipeline.core.optim import warmup_steps_of
-from pipeline.core.run_dir_lock import holds_run_dir
-from pipeline.core.weights import load_into_task_model
+from pipeline.core.checkpoints.weights import load_into_task_model
+from pipeline.core.cluster.run_dir_lock import holds_run_dir
+from pipeline.core.cluster.sigterm import HostSigtermAgreement
+from pipeline.core.optim.optimizers import warmup_steps_of
+from pipeline.core.run.loggers import build_loggers, finish_wandb, wandb_environment
 from pipeline.finetuning.batches import FeatureRows, PaddingCollator, eval_loader, train_loader
 from pipeline.finetuning.checks import FinetuneChecks, dropout_settings
 from pipeline.finetuning.features import featurize, truncation_report
@@ -90,7 +90,7 @@ def _pad_multiple(cfg: DictConfig, plan: FinetuneChecks) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # the run
 
-@holds_run_dir("finetune")     # one fine-tuning per output directory (pipeline/core/run_dir_lock.py)
+@holds_run_dir("finetune")     # one fine-tuning per output directory (pipeline/core/cluster/run_dir_lock.py)
 def finetune(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Fine-tune as `cfg` says (trainer.max_epochs=0: only evaluate and predict with the weights of init=); returns
     {"metrics" (split -> metric -> value), "score", "output_dir", "files"}."""

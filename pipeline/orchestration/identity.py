@@ -1,6 +1,6 @@
 """A stage's identity, its rule's parameter: a hash of what shapes its result, its composed config minus what shapes
-nothing (pipeline/core/shaping.py), files from outside the workflow by content. Not the code: its version is recorded
-and shown, and re-runs a stage only when asked (workflow.rerun_code_changed)."""
+nothing (pipeline/core/run/shaping.py), files from outside the workflow by content. Not the code: its version is
+recorded and shown, and re-runs a stage only when asked (workflow.rerun_code_changed)."""
 from __future__ import annotations
 
 import functools
@@ -16,11 +16,11 @@ from typing import Any
 
 from pipeline.core.app import REPO_ROOT
 from pipeline.core.file_stamp import file_stamp, files_sha256
-from pipeline.core.shaping import OPERATIONAL, leaves, without_keys, without_later_defaults
+from pipeline.core.run.shaping import OPERATIONAL, leaves, without_keys, without_later_defaults
 from pipeline.orchestration import runs
 from pipeline.orchestration.workflow_config import ENTRY_SCRIPTS
 
-# What shapes no result: the operational keys (pipeline/core/shaping.py), and the paths wired from earlier stages,
+# What shapes no result: the operational keys (pipeline/core/run/shaping.py), and the paths wired from earlier stages,
 # whose content counts through their sentinels (each key tested both ways in tests/orchestration/test_identity.py).
 WIRED_INPUTS = {"train": ("data.path", "init_from_checkpoint", "resume.continue_from"), "finetune": ("init",)}
 NOT_SHAPING = {entry: (*keys, *WIRED_INPUTS.get(entry, ())) for entry, keys in OPERATIONAL.items()}

@@ -1,12 +1,12 @@
-"""One launch at a time on a workflow root: <root>/_workflow/lock.json (pipeline/core/holder_lock.py) names a local
-run or the controller job; a second launch is refused, naming it, or takes over from a holder that is gone."""
+"""One launch at a time on a workflow root: <root>/_workflow/lock.json (pipeline/core/cluster/holder_lock.py) names a
+local run or the controller job; a second launch is refused, naming it, or takes over from a holder that is gone."""
 from __future__ import annotations
 
 import os
 import socket
 from typing import Any
 
-from pipeline.core.holder_lock import HolderLock, LockContended, holder_state
+from pipeline.core.cluster.holder_lock import HolderLock, LockContended, holder_state
 from pipeline.orchestration import runs
 from pipeline.orchestration.workflow_config import Workflow, WorkflowError
 

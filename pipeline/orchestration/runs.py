@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from data_prep.content_identity import shard_set_content
-from pipeline.core.atomic_files import write_atomically
+from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.file_stamp import files_sha256
 
 SENTINEL = "DONE.json"

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from pipeline.core.app import REPO_ROOT
-from pipeline.core.slurm_jobs import ACTIVE_STATES, QueueError, job_state, run  # noqa: F401  (lock, controller, status)
+from pipeline.core.cluster.slurm_jobs import ACTIVE_STATES, QueueError, job_state, run  # noqa: F401  (lock, controller, status)
 from pipeline.orchestration.workflow_config import WorkflowError, ranks_per_node
 
 TRAIN_SBATCH = REPO_ROOT / "infra" / "slurm" / "train.sbatch"

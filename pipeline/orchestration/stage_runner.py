@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.core import restarts
+from pipeline.core.cluster import restarts
 from pipeline.orchestration import identity, runs
 from pipeline.orchestration.launch import code_environment
 from pipeline.orchestration.stage_config import entry_argv

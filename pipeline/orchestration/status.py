@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.core.app import REPO_ROOT
-from pipeline.core.holder_lock import alive
+from pipeline.core.cluster.holder_lock import alive
 from pipeline.orchestration import runs
 from pipeline.orchestration.launch import job_name_prefix, snakemake, write_launch
 from pipeline.orchestration.lock import LaunchLock, describe

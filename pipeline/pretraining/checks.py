@@ -1,6 +1,6 @@
 """Everything a pre-training run checks before it starts: the model, the batch arithmetic for its devices, the
 schedule, the strategy with the optimizer, the checkpoint to resume or start from, the loggers, the shard set
-against the model, and a resume's config against the run's record (pipeline/core/run_record.py: what shapes the run
+against the model, and a resume's config against the run's record (pipeline/core/run/run_record.py: what shapes the run
 may change only when the resume accepts it, resume.accept_changes). A wrong setting stops the run here, saying what
 to change, not hours into it.
 """
@@ -17,16 +17,21 @@ from data_prep.content_identity import shard_bytes_content, shard_set_content
 from model.architectures import EncoderConfig, config_from_preset, family_name, is_modernbert
 from model.modernbert.config import PRESETS as MODERNBERT_PRESETS
 from pipeline.core import app, devices
-from pipeline.core.checkpoint_retention import Retention
+from pipeline.core.checkpoints.checkpoint_retention import Retention
+from pipeline.core.checkpoints.weights import CHECKPOINT_DIR
 from pipeline.core.devices import batch_split, is_first_process_on_node
-from pipeline.core.fp8 import check_fp8_settings
-from pipeline.core.loggers import check_logger_config
-from pipeline.core.micro_batch import is_auto, most_per_pass, plan_micro_batch
-from pipeline.core.optim import PER_TENSOR_OPTIMIZERS, check_optimizer_config, schedule_factor, warmup_steps_of
-from pipeline.core.run_record import InEffect, check_start
-from pipeline.core.run_versions import run_versions
-from pipeline.core.strategies import check_strategy_config
-from pipeline.core.weights import CHECKPOINT_DIR
+from pipeline.core.optim.optimizers import (
+    PER_TENSOR_OPTIMIZERS,
+    check_optimizer_config,
+    schedule_factor,
+    warmup_steps_of,
+)
+from pipeline.core.run.loggers import check_logger_config
+from pipeline.core.run.run_record import InEffect, check_start
+from pipeline.core.run.run_versions import run_versions
+from pipeline.core.speed.fp8 import check_fp8_settings
+from pipeline.core.speed.micro_batch import is_auto, most_per_pass, plan_micro_batch
+from pipeline.core.speed.strategies import check_strategy_config
 from pipeline.pretraining.compiled import COMPILE_SCOPES
 from pipeline.pretraining.data.batch_warmup import MAX_COMPILED_STAGES, BatchWarmup
 from pipeline.pretraining.resume_point import checkpoint_to_resume, optional_path
@@ -44,7 +49,8 @@ def model_config_of(cfg: DictConfig) -> EncoderConfig:
     fields = OmegaConf.to_container(cfg.model, resolve=True)
     name = fields.pop("name", None)
     fields.pop("pretraining_lr", None)   # the optimizer's default (conf/training/optimizer/adamw.yaml), not the model's
-    # How it runs, not what it is: torch.compile, CUDA graphs, the decoder's padded width, FP8 (pipeline/core/fp8.py)
+    # How it runs, not what it is: torch.compile, CUDA graphs, the decoder's padded width, FP8
+    # (pipeline/core/speed/fp8.py)
     for how_it_runs in ("compile", "compile_scope", "compile_autotune", "cuda_graphs", "pad_vocab_to_multiple_of",
                         "fp8"):
         fields.pop(how_it_runs, None)
@@ -133,8 +139,9 @@ def check_documents_for_model(shard_set, model_config: EncoderConfig, path: str)
 
 
 def check_strategy_and_optimizer(cfg: DictConfig) -> None:
-    """An optimizer the pipeline does not train with (pipeline/core/optim.py), and LAMB or StableAdamW under ZeRO:
-    refused (LAMB's trust ratio and StableAdamW's update clipping are per tensor; ZeRO steps flat partitions of many
+    """An optimizer the pipeline does not train with (pipeline/core/optim/optimizers.py), and LAMB or StableAdamW under
+    ZeRO: refused (LAMB's trust ratio and StableAdamW's update clipping are per tensor; ZeRO steps flat partitions of
+    many
     tensors: zero/stage_1_and_2.py gives the optimizer one flat fp32 partition per group). Without ZeRO (stage 0)
     DeepSpeed steps the client optimizer over the model's own tensors, or their fp32 copies under bf16."""
     check_optimizer_config(cfg.optimizer)
@@ -264,7 +271,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     (default: what the trainer config gives on this machine): the model, the global batch over the processes and
     its split into micro-batches, the schedule, the strategy with the optimizer and the precision, the sequence
     length against the model's positions, FP8 against the accelerator and torchao (the card is checked at the run's
-    start: pipeline/core/fp8.py), a phase-2 start without weights to start from, the W&B mode and key. The
+    start: pipeline/core/speed/fp8.py), a phase-2 start without weights to start from, the W&B mode and key. The
     workflow runs it for each pre-training stage at the shape the stage declares, before anything is submitted."""
     model_config = model_config_of(cfg)
     trainer_cfg: dict[str, Any] = OmegaConf.to_container(cfg.trainer, resolve=True)
@@ -298,8 +305,8 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     from pipeline.pretraining.data.verify import checksum_mode
     checksum_mode(cfg.data.get("verify_checksums", True))
     if cfg.model.get("fp8") and is_modernbert(model_config):
-        raise ValueError(f"model.fp8=true converts BERT's encoder projections (pipeline/core/fp8.py); it is not built "
-                         f"for the {family_name(model_config)} layers yet: set model.fp8=false")
+        raise ValueError(f"model.fp8=true converts BERT's encoder projections (pipeline/core/speed/fp8.py); it is not "
+                         f"built for the {family_name(model_config)} layers yet: set model.fp8=false")
     if cfg.model.get("fp8"):
         check_fp8_settings(trainer_cfg.get("accelerator", "auto"))   # the card itself is checked at the run's start
     check_strategy_config(cfg.strategy, precision=str(trainer_cfg.get("precision", "32-true")),

@@ -8,9 +8,9 @@ the whole pre-training model, encoder, heads and losses, as one graph (compile_s
   layer (local and global attention) are two graphs. Outside the layers (embeddings, heads, losses) runs eager: the
   fusion lost there is the losses' element-wise work, a few kernels a step.
 - Scope, whole: BertForPreTraining.compile(), in place (its parameters, hence the checkpoint names, stay the module's
-  own), so the MLM gather, the heads, the cross-entropy and its hand-written backward (model/bert.py) are in the graph
-  with the encoder; fullgraph=True makes a graph break an error rather than a silent split into eager pieces. Which
-  scope is faster on a GPU is benchmarks/gpu_variants.py's to measure; regional is the default until it does.
+  own), so the MLM gather, the heads, the cross-entropy and its hand-written backward (model/bert/model.py) are in the
+  graph with the encoder; fullgraph=True makes a graph break an error rather than a silent split into eager pieces.
+  Which scope is faster on a GPU is benchmarks/gpu_variants.py's to measure; regional is the default until it does.
 - Shapes: one graph per sequence length (dynamic=False). The collator pads every batch to max_seq_length and always
   gives the attention mask when pad_to_multiple_of >= max_seq_length (pipeline/pretraining/data/collator.py), which
   `fixed_width_padding` sets for a compiled run; the masked positions are max_predictions_per_seq wide already. A
@@ -23,7 +23,7 @@ the whole pre-training model, encoder, heads and losses, as one graph (compile_s
   (more memory), and on the CPU it does nothing. With accumulation the gradients stay allocated outside that pool,
   zeroed in place (module.py's optimizer_zero_grad): one the backward adopted would be overwritten by the next replay.
 - Fusion (benchmarks/fusion_report.py reads the code inductor generates; measured on the CPU, 2026-11-27): the
-  forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert.py's residual_stream) become
+  forward's dropout + residual add + LayerNorm (+ the cast back to bf16 of model/bert/model.py's residual_stream) become
   one kernel per block, GELU one with the bf16 cast after it, the backward's LayerNorm-backward + dropout-backward +
   GELU-backward likewise, and each loss (log-softmax, the label gather, argmax, the masked sum) one kernel; the
   biases go into the matmuls (addmm), and the matmuls (mm, addmm, bmm) and, on a GPU, SDPA stay library kernels.
@@ -34,7 +34,7 @@ the whole pre-training model, encoder, heads and losses, as one graph (compile_s
   (tests/pretraining/test_attention_paths.py, test_compiled_model.py).
 - DDP: with several GPUs, Dynamo's DDP optimizer splits the graph at DDP's bucket boundaries so that the
   all-reduce of one bucket overlaps the backward of the next (by design). On one device there is no DDP at all
-  (pipeline/core/strategies.py: strategy=ddp on one process builds the single-device strategy), so no split.
+  (pipeline/core/speed/strategies.py: strategy=ddp on one process builds the single-device strategy), so no split.
 """
 from __future__ import annotations
 

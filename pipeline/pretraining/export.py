@@ -15,10 +15,10 @@ import json
 from pathlib import Path
 
 from model.architectures import PretrainingModel, is_modernbert
-from model.hf_files import export_hf
+from model.bert.hf_files import export_hf
 from model.modernbert.hf_files import export_modernbert_hf
-from pipeline.core.curves import PLOT_NAME, Panel, plot_curves, read_metrics
-from pipeline.core.weights import HF_EXPORT_DIR
+from pipeline.core.checkpoints.weights import HF_EXPORT_DIR
+from pipeline.core.run.curves import PLOT_NAME, Panel, plot_curves, read_metrics
 
 PRETRAINING_PANELS = [Panel("loss", ("train/loss", "train/mlm_loss", "train/nsp_loss")),
                       Panel("accuracy", ("train/mlm_acc", "train/nsp_acc"), unit_interval=True)]
@@ -47,7 +47,7 @@ def export_run(run_dir: Path, output_dir: Path, tokenizer: Path | None = None) -
     the directory is read back and must give the checkpoint's weights exactly."""
     import torch
 
-    from pipeline.core.weights import LAST_CHECKPOINT, load_pretraining_model
+    from pipeline.core.checkpoints.weights import LAST_CHECKPOINT, load_pretraining_model
 
     checkpoint = run_dir / LAST_CHECKPOINT
     if not checkpoint.exists():

@@ -1,6 +1,6 @@
-"""BertPretrainingModule: the pre-training model inside Lightning, with BERT's pre-training metrics: model/bert.py's
-BertForPreTraining, or the ModernBERT-class masked LM (model/modernbert/) when the model config is one of those (the
-same batches, outputs and metrics; MLM only, so no NSP metrics).
+"""BertPretrainingModule: the pre-training model inside Lightning, with BERT's pre-training metrics:
+model/bert/model.py's BertForPreTraining, or the ModernBERT-class masked LM (model/modernbert/) when the model config is
+one of those (the same batches, outputs and metrics; MLM only, so no NSP metrics).
 
 Metrics (logged every trainer.log_every_n_steps optimizer steps, over all the micro-batches and ranks since the
 last log):
@@ -10,7 +10,7 @@ last log):
     train/lr                                     the rate of the step's first parameter group
     train/grad_norm                              total 2-norm of the gradients before clipping
 Counts are summed on the device and reduced across ranks only when logged (one all-reduce of 8 numbers); the
-values reach the host at log steps only (pipeline/core/step_stats.py), and Lightning is handed host values: a
+values reach the host at log steps only (pipeline/core/speed/step_stats.py), and Lightning is handed host values: a
 device value logged once is read back by Lightning at the end of every later batch.
 With a held-out set (validation.path), at every validation, over all of its batches and ranks:
     val/mlm_loss, val/nsp_loss                   means per masked token / per sequence
@@ -38,10 +38,10 @@ import torch
 from pytorch_lightning.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from model.architectures import config_from_dict, pretraining_model
-from pipeline.core.clipping import clip_by_norm, clips_itself, zero_gradients
-from pipeline.core.optim import build_optimizer, build_scheduler, clips_under_mixed_precision
-from pipeline.core.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
-from pipeline.core.strategies import offloads_optimizer
+from pipeline.core.optim.optimizers import build_optimizer, build_scheduler, clips_under_mixed_precision
+from pipeline.core.speed.clipping import clip_by_norm, clips_itself, zero_gradients
+from pipeline.core.speed.step_stats import HostCopy, StatWindow, ends_log_step, sum_over_ranks
+from pipeline.core.speed.strategies import offloads_optimizer
 from pipeline.pretraining.compiled import mark_token_count_dynamic
 
 RNG_KEY = "rng_states_by_rank"      # {global rank: that rank's RNG states}
@@ -55,7 +55,7 @@ class BertPretrainingModule(pl.LightningModule):
     def __init__(self, model_config: dict[str, Any], optimizer: dict[str, Any], scheduler: dict[str, Any],
                  max_steps: int, overfit_batches: int = 0, seed: int = 0, next_sentence_prediction: bool = True):
         """model_config: the encoder config's fields (BertConfig's, or ModernBertConfig's with "architecture");
-        optimizer / scheduler: the `optimizer` and `scheduler` configs (pipeline/core/optim.py); max_steps:
+        optimizer / scheduler: the `optimizer` and `scheduler` configs (pipeline/core/optim/optimizers.py); max_steps:
         optimizer steps of the run (where the default schedule reaches 0);
         overfit_batches: > 0 trains on the first that many micro-batches over and over (a debugging check that
         the losses can fall to ~0; Lightning's own overfit_batches needs a map-style dataset); seed: the run's
@@ -156,7 +156,7 @@ class BertPretrainingModule(pl.LightningModule):
                                     gradient_clip_algorithm=None) -> None:
         if not clips_itself(self.trainer):   # 16-mixed (a GradScaler to unscale first) or DeepSpeed: Lightning's way
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        norm = clip_by_norm(self.model.parameters(), float(gradient_clip_val))   # pipeline/core/clipping.py
+        norm = clip_by_norm(self.model.parameters(), float(gradient_clip_val))   # pipeline/core/speed/clipping.py
         if ends_log_step(self.trainer):
             self._grad_norm_copy = HostCopy(norm)
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
+from pipeline.core.checkpoints.checkpoint_files import newest_complete_checkpoint, remove_partial_checkpoints
+from pipeline.core.checkpoints.weights import CHECKPOINT_DIR
 from pipeline.core.devices import is_first_process
-from pipeline.core.fresh_start import check_start_over
-from pipeline.core.weights import CHECKPOINT_DIR
+from pipeline.core.run.fresh_start import check_start_over
 
 log = logging.getLogger("pipeline.pretraining")
 

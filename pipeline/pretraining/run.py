@@ -6,7 +6,7 @@ A run leaves, in its output directory: checkpoints/ (periodic step*.ckpt and las
 curves.png, hf_export/ (transformers-loadable), wandb/ (if enabled) and Hydra's .hydra/ config record.
 
 Under SLURM, the requeue signal (SIGUSR1, before the time limit or a preemption) ends the run at the next optimizer
-step with checkpoints/last.ckpt saved and the job requeued (pipeline/core/requeue.py): train() then returns with
+step with checkpoints/last.ckpt saved and the job requeued (pipeline/core/cluster/requeue.py): train() then returns with
 "requeued" set, and pipeline/train.py exits with REQUEUED_EXIT_CODE.
 """
 from __future__ import annotations
@@ -24,20 +24,20 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.strategies import DeepSpeedStrategy
 
 from model.architectures import is_modernbert, pretraining_model
-from pipeline.core.architecture_match import context_extension_changes, describe_changes
-from pipeline.core.callbacks.progress import StepProgressBar
-from pipeline.core.callbacks.rollback import MoveLaterCheckpointsAside
-from pipeline.core.callbacks.run_record import WriteRunRecord
-from pipeline.core.callbacks.sigterm import HostSigtermAgreement
-from pipeline.core.callbacks.throughput import ThroughputMonitor
-from pipeline.core.checkpoint_retention import STEP_FILENAME, Retention
-from pipeline.core.checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
-from pipeline.core.fp8 import apply_fp8, fp8_layers
-from pipeline.core.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
-from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
-from pipeline.core.rollback import check_rollback
-from pipeline.core.strategies import build_strategy
-from pipeline.core.weights import CHECKPOINT_DIR, load_pretrained, load_pretraining_weights
+from pipeline.core.checkpoints.architecture_match import context_extension_changes, describe_changes
+from pipeline.core.checkpoints.checkpoint_retention import STEP_FILENAME, Retention
+from pipeline.core.checkpoints.lightning_checkpoints import AtomicCheckpointIO, ResumingModelCheckpoint
+from pipeline.core.checkpoints.weights import CHECKPOINT_DIR, load_pretrained, load_pretraining_weights
+from pipeline.core.cluster.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested, cluster_plugins
+from pipeline.core.cluster.sigterm import HostSigtermAgreement
+from pipeline.core.run.loggers import build_loggers, csv_metrics_path, finish_wandb, wandb_environment
+from pipeline.core.run.progress_bar import StepProgressBar
+from pipeline.core.run.rollback import check_rollback
+from pipeline.core.run.rollback_callback import MoveLaterCheckpointsAside
+from pipeline.core.run.run_record_callback import WriteRunRecord
+from pipeline.core.speed.fp8 import apply_fp8, fp8_layers
+from pipeline.core.speed.strategies import build_strategy
+from pipeline.core.speed.throughput import ThroughputMonitor
 from pipeline.pretraining.checks import PretrainChecks, check_init_vocabulary
 from pipeline.pretraining.compiled import apply_compile_settings, fixed_width_padding
 from pipeline.pretraining.data.datamodule import PretrainingDataModule
@@ -78,7 +78,8 @@ def _build_strategy(cfg: DictConfig, plan: PretrainChecks):
 
 
 def _checkpoint_plugins(strategy) -> list:
-    """Atomic checkpoint files (pipeline/core/checkpoints.py); DeepSpeed writes its own sharded directories."""
+    """Atomic checkpoint files (pipeline/core/checkpoints/lightning_checkpoints.py); DeepSpeed writes its own sharded
+    directories."""
     return [] if isinstance(strategy, DeepSpeedStrategy) else [AtomicCheckpointIO()]
 
 
@@ -98,13 +99,13 @@ def train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback] = ()) -> dict[
     csv, plot and hf_export on rank 0 only; requeued: the SLURM job id when the run stopped to be requeued).
     extra_callbacks: added to the Trainer's (tests use it)."""
     from pipeline.core.app import output_dir
-    from pipeline.core.run_dir_lock import hold_run_dir
+    from pipeline.core.cluster.run_dir_lock import hold_run_dir
 
     plugins = cluster_plugins()
     # Under SLURM the requeue signal is handled from the very start: one arriving during the checks is kept, and
     # acted on at the first step (it would otherwise kill the process, without a checkpoint or a requeue).
     # One trainer per run directory, held before the checks read it or remove a partial checkpoint from it; a run
-    # stopped to be requeued keeps it for its job's next start (pipeline/core/run_dir_lock.py).
+    # stopped to be requeued keeps it for its job's next start (pipeline/core/cluster/run_dir_lock.py).
     with RequeueRequest() if plugins else contextlib.nullcontext() as requeue_request, \
             hold_run_dir(output_dir(cfg, "train")) as run_dir:
         result = _train(cfg, extra_callbacks, plugins, requeue_request)

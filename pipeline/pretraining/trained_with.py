@@ -2,7 +2,7 @@
 
 Every checkpoint carries the module's hyper-parameters (BertPretrainingModule's save_hyperparameters: the encoder
 config, the optimizer, the schedule, max_steps, the seed, the objective). A resume compares them with its config, as
-config keys, whatever the run's record says (pipeline/core/run_record.py): a record deleted, or a checkpoint of
+config keys, whatever the run's record says (pipeline/core/run/run_record.py): a record deleted, or a checkpoint of
 another run given as ckpt_path, otherwise lets any change through.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.core.checkpoint_files import UnreadableCheckpoint
-from pipeline.core.checkpoint_steps import recorded_hyper_parameters
+from pipeline.core.checkpoints.checkpoint_files import UnreadableCheckpoint
+from pipeline.core.checkpoints.checkpoint_steps import recorded_hyper_parameters
 from pipeline.core.devices import is_first_process
-from pipeline.core.shaping import OPERATIONAL, leaves, names
+from pipeline.core.run.shaping import OPERATIONAL, leaves, names
 
 log = logging.getLogger("pipeline.pretraining")
 # A hyper-parameter's name -> the config key it comes from (the rest keep their names: optimizer.*, scheduler.*)

@@ -214,7 +214,7 @@ def random_twin_export(like: Path, seed: int, target: Path) -> Path:
     import torch
 
     from model.architectures import pretraining_model
-    from pipeline.core.weights import load_pretrained
+    from pipeline.core.checkpoints.weights import load_pretrained
     from pipeline.pretraining.export import export_pretraining_hf
 
     if (target / "config.json").is_file():

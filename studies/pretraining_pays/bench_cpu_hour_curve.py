@@ -79,8 +79,8 @@ def random_init(run: Path, seed: int, out: Path) -> Path:
     import torch
 
     from model import BertForPreTraining
-    from model.hf_files import export_hf
-    from pipeline.core.weights import load_pretrained
+    from model.bert.hf_files import export_hf
+    from pipeline.core.checkpoints.weights import load_pretrained
 
     if (out / "config.json").exists():
         return out

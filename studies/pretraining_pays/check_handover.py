@@ -66,8 +66,8 @@ def main() -> None:
         print(f"| {name} | {mlm:.4f} | {nsp:.4f} |")
     print(f"| unigram floor (always token {commonest}) | {count / len(labels):.4f} | |")
 
-    from model.heads import BertForSequenceClassification
-    from pipeline.core.weights import load_into_task_model, load_pretrained
+    from model.bert.heads import BertForSequenceClassification
+    from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained
 
     loaded = load_pretrained(export)
     task_model = BertForSequenceClassification(loaded.config, num_labels=2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.core.curves import read_metrics
+from pipeline.core.run.curves import read_metrics
 
 ZOOM = (1100, 1700)
 TAIL = (1346, 1601)       # the window the old plan's last buffer of the epoch covered (earlier_downstream.md)

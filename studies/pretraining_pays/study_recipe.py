@@ -223,7 +223,7 @@ def heldout_mlm_accuracy(export: Path, heldout: Path, batches: int = 64) -> floa
     models of either objective (a next-sentence head, where there is one, is not read)."""
     import torch
 
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
     from pipeline.pretraining.data.datamodule import PretrainingDataModule
 
     model = load_pretraining_model(export).eval()

@@ -32,7 +32,7 @@ from benchmarks_common import STUDY
 from study_report import HELDOUT_FILE
 from study_results import NOT_ARMS
 
-from pipeline.core.atomic_files import atomic_file
+from pipeline.core.checkpoints.atomic_files import atomic_file
 
 RECORD = STUDY / "record"
 # Relative to <out>. The pre-training and search patterns are read only in runs that have a DONE.

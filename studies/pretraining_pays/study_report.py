@@ -127,8 +127,8 @@ def objective_comparison(found: dict, seeds: Sequence[int], heldout: Mapping[str
 
 
 def read_curves(pretrain_runs: Mapping[str, Path] | None) -> dict[str, list[tuple[int, float]] | None]:
-    from pipeline.core.curves import read_metrics
-    from pipeline.core.loggers import csv_metrics_path
+    from pipeline.core.run.curves import read_metrics
+    from pipeline.core.run.loggers import csv_metrics_path
 
     curves = {}
     for name, run in (pretrain_runs or {}).items():

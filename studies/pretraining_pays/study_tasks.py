@@ -90,8 +90,8 @@ def random_export(like: Path, seed: int, target: Path) -> Path:
     import torch
 
     from model import BertForPreTraining
-    from model.hf_files import export_hf
-    from pipeline.core.weights import load_pretrained
+    from model.bert.hf_files import export_hf
+    from pipeline.core.checkpoints.weights import load_pretrained
 
     if (target / "config.json").is_file():
         return target
@@ -164,7 +164,7 @@ class ArmRun:
     @functools.cached_property
     def objective(self) -> str:
         """The pre-training objective of the arm's export (a random arm: of the export it copies)."""
-        from pipeline.core.weights import load_pretrained
+        from pipeline.core.checkpoints.weights import load_pretrained
 
         return "mlm_nsp" if load_pretrained(self.arm.init or self.arm.random_like).has_next_sentence_head else "mlm"
 

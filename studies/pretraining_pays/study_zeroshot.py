@@ -6,8 +6,8 @@ Each sentence becomes `[CLS] <sentence> it was [MASK] . [SEP]`; its score is the
 the whole vocabulary) at [MASK] of "great", "good", "excellent" minus that of "terrible", "bad", "awful", a word the
 vocabulary splits being scored by its first piece. A sentence is called positive when its score is above the median
 of all the scores; the labels only grade those calls. The model is the export's pre-training model (its MLM head,
-pipeline/core/weights.py load_pretraining_model; an MLM-only export has no next-sentence head), its tokenizer the one
-beside it.
+pipeline/core/checkpoints/weights.py load_pretraining_model; an MLM-only export has no next-sentence head), its
+tokenizer the one beside it.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def median_calls(values: np.ndarray) -> np.ndarray:
 
 
 def zero_shot_sst2(init: Path, texts: Sequence[str], labels: Sequence[int]) -> dict:
-    from pipeline.core.weights import load_pretrained, load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretrained, load_pretraining_model
     from pipeline.finetuning.tokenizer import load_tokenizer
 
     pretrained = load_pretrained(init)

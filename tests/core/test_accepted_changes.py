@@ -1,10 +1,11 @@
-"""resume.accept_changes entries (pipeline/core/accepted_changes.py): a key accepts one change, a key:value that value
-only; `code` brings the keys the new code added. The resumes themselves: tests/pretraining/test_resume_identity.py."""
+"""resume.accept_changes entries (pipeline/core/run/accepted_changes.py): a key accepts one change, a key:value that
+value only; `code` brings the keys the new code added. The resumes themselves:
+tests/pretraining/test_resume_identity.py."""
 from __future__ import annotations
 
 import pytest
 
-from pipeline.core.accepted_changes import ABSENT, decide, entries_of, suggestion
+from pipeline.core.run.accepted_changes import ABSENT, decide, entries_of, suggestion
 
 
 def accept(*entries: str) -> dict:

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from model.config import BertConfig
+from model.bert.config import BertConfig
 from model.modernbert.config import ModernBertConfig
-from pipeline.core.architecture_match import (
+from pipeline.core.checkpoints.architecture_match import (
     check_same_architecture,
     classified_fields,
     config_fields,

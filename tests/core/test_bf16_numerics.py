@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.strategies import deepspeed_config
+from pipeline.core.speed.strategies import deepspeed_config
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def test_no_host_round_trip_on_two_ranks_under_ddp_and_zero(runs):
 def test_the_export_holds_the_fp32_master_weights_and_loads_in_transformers(runs, strategy):
     transformers = pytest.importorskip("transformers")
     from model import BertConfig, BertForPreTraining
-    from pipeline.core.weights import load_pretraining_weights
+    from pipeline.core.checkpoints.weights import load_pretraining_weights
 
     run_dir = runs[strategy] / "run"
     master = master_weights(run_dir)

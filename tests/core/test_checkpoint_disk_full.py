@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.checkpoint_files import PARTIAL_PREFIX
+from pipeline.core.checkpoints.checkpoint_files import PARTIAL_PREFIX
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ SAVE_UNDER_A_SIZE_LIMIT = """
 import resource, signal, sys
 sys.path.insert(0, {repo!r})
 import torch
-from pipeline.core.checkpoints import AtomicCheckpointIO
+from pipeline.core.checkpoints.lightning_checkpoints import AtomicCheckpointIO
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit then fails with EFBIG instead of a signal
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
@@ -44,7 +44,7 @@ def test_a_checkpoint_whose_folder_cannot_be_made_fails_naming_it(tmp_path):
     """The error reports the free space of the nearest folder that exists (the checkpoint's own was never made)."""
     import pytest
 
-    from pipeline.core.checkpoints import AtomicCheckpointIO
+    from pipeline.core.checkpoints.lightning_checkpoints import AtomicCheckpointIO
 
     (tmp_path / "runs").write_text("a file where the run's folder should be")
     target = tmp_path / "runs" / "checkpoints" / "last.ckpt"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.app import compose
-from pipeline.core.atomic_files import atomic_file, write_atomically
+from pipeline.core.checkpoints.atomic_files import atomic_file, write_atomically
 from pipeline.pretraining.run import train
 from tests.helpers.training import tiny_run_overrides
 
@@ -89,12 +89,13 @@ def test_an_unreadable_checkpoint_stops_the_resume_naming_it(tiny_run, small_sha
 
 
 def test_an_unreadable_deepspeed_latest_is_named_by_the_resume_check(tmp_path):
-    """infra/slurm/train.sbatch asks `python -m pipeline.core.checkpoint_files` for the run's newest checkpoint."""
+    """infra/slurm/train.sbatch asks `python -m pipeline.core.checkpoints.checkpoint_files` for the run's newest
+    checkpoint."""
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     (checkpoint / "global_step4").mkdir(parents=True)
     (checkpoint / "latest").write_text("global_step4")
     (checkpoint / "latest").chmod(0o200)
-    command = [sys.executable, "-m", "pipeline.core.checkpoint_files", str(tmp_path / "run")]
+    command = [sys.executable, "-m", "pipeline.core.checkpoints.checkpoint_files", str(tmp_path / "run")]
     found = subprocess.run(as_a_user_without_read_override(command), cwd=REPO_ROOT, capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, timeout=120)
     assert found.returncode == 2, found.stderr[-3000:]
@@ -106,11 +107,11 @@ def test_an_unreadable_checkpoint_given_as_ckpt_path_is_named(tiny_run, tmp_path
     """ckpt_path=<file>: Lightning's restore reads it through the pipeline's checkpoint IO."""
     last = Path(shutil.copy(tiny_run / "checkpoints" / "last.ckpt", tmp_path / "last.ckpt"))
     last.chmod(0o200)
-    load = ("from pipeline.core.checkpoints import AtomicCheckpointIO; "
+    load = ("from pipeline.core.checkpoints.lightning_checkpoints import AtomicCheckpointIO; "
             f"AtomicCheckpointIO().load_checkpoint({str(last)!r})")
     loaded = subprocess.run(as_a_user_without_read_override([sys.executable, "-c", load]), cwd=REPO_ROOT,
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                             timeout=120)
     assert loaded.returncode == 1
-    assert loaded.stderr.strip().splitlines()[-1].startswith(f"pipeline.core.checkpoint_files.UnreadableCheckpoint: "
-                                                             f"cannot read {last}: "), loaded.stderr[-3000:]
+    assert loaded.stderr.strip().splitlines()[-1].startswith(
+        f"pipeline.core.checkpoints.checkpoint_files.UnreadableCheckpoint: cannot read {last}: "), loaded.stderr[-3000:]

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core.checkpoint_files import (
+from pipeline.core.checkpoints.checkpoint_files import (
     PARTIAL_PREFIX,
     is_complete,
     newest_complete_checkpoint,
     remove_partial_checkpoints,
 )
-from pipeline.core.checkpoints import AtomicCheckpointIO
+from pipeline.core.checkpoints.lightning_checkpoints import AtomicCheckpointIO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.checkpoint_files import LATEST, is_complete
+from pipeline.core.checkpoints.checkpoint_files import LATEST, is_complete
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 # The pre-training on 2 CPU processes (Lightning's launcher re-runs this script for rank 1); with INTERRUPT_AT=<step>

@@ -1,6 +1,6 @@
-"""The newest checkpoint of a run is the one of its highest step (pipeline/core/checkpoint_steps.py), whatever the
-files' mtimes say, and a disagreement is reported: on real torch files and DeepSpeed-shaped directories. The same
-on a real training run resumed with ckpt_path=last: tests/pretraining/test_resume_highest_step.py."""
+"""The newest checkpoint of a run is the one of its highest step (pipeline/core/checkpoints/checkpoint_steps.py),
+whatever the files' mtimes say, and a disagreement is reported: on real torch files and DeepSpeed-shaped directories.
+The same on a real training run resumed with ckpt_path=last: tests/pretraining/test_resume_highest_step.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.core.checkpoint_files import newest_complete_checkpoint
+from pipeline.core.checkpoints.checkpoint_files import newest_complete_checkpoint
 
 
 def lightning_file(path: Path, step: int) -> Path:
@@ -33,7 +33,7 @@ def set_mtime(path: Path, seconds: float) -> None:
 
 
 def test_a_step_is_read_from_the_name_else_from_the_checkpoint_itself(tmp_path):
-    from pipeline.core.checkpoint_steps import recorded_step
+    from pipeline.core.checkpoints.checkpoint_steps import recorded_step
 
     assert recorded_step(lightning_file(tmp_path / "step0000004.ckpt", 4)) == 4
     assert recorded_step(lightning_file(tmp_path / "last.ckpt", 7)) == 7
@@ -43,7 +43,7 @@ def test_a_step_is_read_from_the_name_else_from_the_checkpoint_itself(tmp_path):
 
 
 def test_a_deepspeed_directory_says_its_step_by_its_record_or_its_client_state(tmp_path):
-    from pipeline.core.checkpoint_steps import recorded_step
+    from pipeline.core.checkpoints.checkpoint_steps import recorded_step
 
     recorded = tmp_path / "last.ckpt"
     (recorded / "global_step12").mkdir(parents=True)
@@ -64,7 +64,7 @@ def test_the_newest_is_the_highest_step_though_an_older_one_was_touched(tmp_path
         set_mtime(lightning_file(checkpoints / f"step{step:07d}.ckpt", step), seconds)
     set_mtime(lightning_file(checkpoints / "last.ckpt", 6), 3_001)
     set_mtime(checkpoints / "step0000002.ckpt", 4_000)      # `touch`, to dodge a scratch purge
-    with caplog.at_level(logging.WARNING, logger="pipeline.core.checkpoint_files"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.checkpoints.checkpoint_files"):
         newest = newest_complete_checkpoint(checkpoints, tmp_path)
     assert newest == checkpoints / "last.ckpt"
     assert "step0000002.ckpt, of step 2, was modified after it" in caplog.text, caplog.text
@@ -79,6 +79,6 @@ def test_a_higher_step_that_is_not_complete_is_passed_over(tmp_path, caplog):
     with zipfile.ZipFile(checkpoints / "step0000004.ckpt", "w") as archive:
         archive.writestr("x/data.pkl", b"")
     (checkpoints / "step0000004.ckpt").write_bytes((checkpoints / "step0000004.ckpt").read_bytes()[:20])
-    with caplog.at_level(logging.WARNING, logger="pipeline.core.checkpoint_files"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.checkpoints.checkpoint_files"):
         assert newest_complete_checkpoint(checkpoints, tmp_path) == checkpoints / "step0000002.ckpt"
     assert "not resuming from" in caplog.text and "step0000004.ckpt" in caplog.text

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pipeline.core.checkpoint_files import COMPLETION_RECORD, LATEST, checkpoint_problem
+from pipeline.core.checkpoints.checkpoint_files import COMPLETION_RECORD, LATEST, checkpoint_problem
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 SCRIPT = """

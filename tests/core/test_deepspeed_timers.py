@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from pipeline.core.app import compose
-from pipeline.core.strategies import deepspeed_config
+from pipeline.core.speed.strategies import deepspeed_config
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 ENGINE_SCRIPT = textwrap.dedent('''

@@ -37,7 +37,7 @@ def local_address() -> str | None:
 
 
 def test_a_host_name_that_resolves_to_loopback_is_refused_unless_the_interface_is_named():
-    from pipeline.core.gloo_address import unreachable_gloo_problem
+    from pipeline.core.cluster.gloo_address import unreachable_gloo_problem
 
     problem = unreachable_gloo_problem("localhost", env={})
     assert problem.startswith(REFUSAL) and "Set GLOO_SOCKET_IFNAME to the network interface" in problem
@@ -75,14 +75,14 @@ def test_train_sbatch_across_nodes_stops_before_any_task_on_a_loopback_host_name
 def test_every_rank_of_a_multi_node_job_checks_before_making_the_requeue_group():
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("GLOO_SOCKET_IFNAME", None)
-    code = "from pipeline.core.requeue import agreement_group; agreement_group(num_nodes=2)"
+    code = "from pipeline.core.cluster.requeue import agreement_group; agreement_group(num_nodes=2)"
     done = as_host_localhost([sys.executable, "-c", code], env)
     assert done.returncode == 1 and f"RuntimeError: {REFUSAL}" in done.stderr, done.stderr[-3000:]
 
 
 SIGTERM_SETUP = """
 import sys, torch.distributed as dist, pytorch_lightning as pl
-from pipeline.core.callbacks.sigterm import HostSigtermAgreement
+from pipeline.core.cluster.sigterm import HostSigtermAgreement
 dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
 trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False)
 HostSigtermAgreement().setup(trainer, pl.LightningModule(), "fit")
@@ -91,7 +91,7 @@ print("made the SIGTERM group")
 
 
 def test_every_rank_of_a_multi_node_job_checks_before_making_the_sigterm_group(tmp_path):
-    """pipeline/core/callbacks/sigterm.py's gloo group, made at the fit's setup by the real callback on a real Trainer
+    """pipeline/core/cluster/sigterm.py's gloo group, made at the fit's setup by the real callback on a real Trainer
     of 2 nodes (this process alone in the training group: the check comes before any peer is needed)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     env.pop("GLOO_SOCKET_IFNAME", None)

@@ -131,7 +131,7 @@ def test_a_finetuning_step_makes_no_host_round_trip_outside_the_logging_steps(ti
     """At ec81dd5 fine-tuning logged its loss (prog bar) and rate on every step: Lightning made the rate a device
     tensor and read the loss back at every batch end."""
     from pipeline.core.app import FINETUNE_SAMPLE_DATA, compose
-    from pipeline.core.loggers import csv_metrics_path
+    from pipeline.core.run.loggers import csv_metrics_path
     from pipeline.finetuning.run import finetune
 
     guard = HostSyncGuard(log_every_n_steps=2)

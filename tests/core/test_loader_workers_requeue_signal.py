@@ -43,7 +43,7 @@ def two_epochs(loader):
 if __name__ == "__main__":     # (spawn and the forkserver run this file again, as __mp_main__: nothing to import)
     multiprocessing.set_start_method(sys.argv[1])
     import datasets, torch
-    from pipeline.core.requeue import RequeueRequest
+    from pipeline.core.cluster.requeue import RequeueRequest
     from pipeline.finetuning.batches import FeatureRows, PaddingCollator, train_loader
     from pipeline.pretraining.data.dataset import PretrainingDataset
     from pipeline.pretraining.data.loader import PretrainingDataLoader

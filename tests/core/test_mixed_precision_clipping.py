@@ -1,8 +1,8 @@
 """Mixed precision with gradient clipping trains, with torch's fused AdamW where it can (issue 35, item 5). Lightning
 clips through its mixed-precision plugin and refuses, at the first step, any optimizer that unscales gradients in its
 own step, which torch's fused AdamW declares; that guards a GradScaler's scaled gradients (16-mixed). Under bf16-mixed
-there is no scaler: the modules clip themselves (pipeline/core/clipping.py) and the default AdamW is the fused one.
-Under 16-mixed the default takes the per-tensor kernels, and an explicit fused=true is refused before training,
+there is no scaler: the modules clip themselves (pipeline/core/speed/clipping.py) and the default AdamW is the fused
+one. Under 16-mixed the default takes the per-tensor kernels, and an explicit fused=true is refused before training,
 saying why. Run on the CPU, where autocast has bf16 too."""
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def test_16_mixed_keeps_lightnings_clipping_and_refuses_an_explicit_fused_adamw(
 
     from pytorch_lightning.plugins.precision import MixedPrecision
 
-    from pipeline.core.clipping import clips_itself
-    from pipeline.core.optim import build_optimizer, clips_under_mixed_precision
+    from pipeline.core.optim.optimizers import build_optimizer, clips_under_mixed_precision
+    from pipeline.core.speed.clipping import clips_itself
 
     def trainer(plugin):
         return SimpleNamespace(precision_plugin=plugin, gradient_clip_val=1.0, gradient_clip_algorithm="norm",
@@ -85,11 +85,11 @@ def test_16_mixed_keeps_lightnings_clipping_and_refuses_an_explicit_fused_adamw(
 
 
 def test_gradients_are_zeroed_in_one_multi_tensor_call():
-    """Under DDP with bucket views the module zeroes the gradients in place (pipeline/core/clipping.py): one
+    """Under DDP with bucket views the module zeroes the gradients in place (pipeline/core/speed/clipping.py): one
     _foreach_zero_ for every tensor, where Optimizer.zero_grad(set_to_none=False) zeroes them one kernel at a time
     unless the optimizer was built with foreach=True (LAMB's is not)."""
-    from pipeline.core.clipping import zero_gradients
-    from pipeline.core.optim import build_optimizer
+    from pipeline.core.optim.optimizers import build_optimizer
+    from pipeline.core.speed.clipping import zero_gradients
 
     model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(5)))
     for p in model.parameters():

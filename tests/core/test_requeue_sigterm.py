@@ -12,7 +12,7 @@ SCRIPT = """
 import multiprocessing, signal, subprocess, sys, time
 import pytorch_lightning as pl
 import torch
-from pipeline.core.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested
+from pipeline.core.cluster.requeue import RequeueOnSignal, RequeueRequest, RequeueRequested
 
 
 class Tiny(pl.LightningModule):

@@ -1,7 +1,7 @@
-"""pipeline/core/restarts.py as train.sbatch runs it (`python -m pipeline.core.restarts <run dir> -- <command>`), on
-a stand-in training: a small program that writes a checkpoint (a whole zip file, what checkpoint_files.py takes for
-a complete torch file) or not, and exits as told. The real training under SLURM: tests/pretraining/
-test_slurm_restarts.py."""
+"""pipeline/core/cluster/restarts.py as train.sbatch runs it (`python -m pipeline.core.cluster.restarts <run dir> --
+<command>`), on a stand-in training: a small program that writes a checkpoint (a whole zip file, what
+checkpoint_files.py takes for a complete torch file) or not, and exits as told. The real training under SLURM:
+tests/pretraining/ test_slurm_restarts.py."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ def supervise(tmp_path: Path, write: bool, status: int, **env: str) -> subproces
     program = tmp_path / "training.py"
     program.write_text(TRAINING)
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.core.restarts", str(tmp_path), "--", sys.executable, str(program),
+        [sys.executable, "-m", "pipeline.core.cluster.restarts", str(tmp_path), "--", sys.executable, str(program),
          str(tmp_path), str(int(write)), str(status), "ckpt_path=/elsewhere/last.ckpt"],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)

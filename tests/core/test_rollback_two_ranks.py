@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipeline.core.checkpoint_files import newest_complete_checkpoint
+from pipeline.core.checkpoints.checkpoint_files import newest_complete_checkpoint
 from tests.helpers.training import run_two_rank_training
 
 LATER = ("step0000004.ckpt", "step0000006.ckpt", "last.ckpt")

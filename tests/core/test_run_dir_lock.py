@@ -1,5 +1,5 @@
-"""The run directory's lock (pipeline/core/run_dir_lock.py) with real processes and files, no training: who takes it
-over and who is refused. A training refused by it: tests/pretraining/test_one_trainer_per_run_dir.py."""
+"""The run directory's lock (pipeline/core/cluster/run_dir_lock.py) with real processes and files, no training: who
+takes it over and who is refused. A training refused by it: tests/pretraining/test_one_trainer_per_run_dir.py."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pipeline.core.run_dir_lock import LOCK_NAME, RunDirInUse, RunDirLock, hold_run_dir
+from pipeline.core.cluster.run_dir_lock import LOCK_NAME, RunDirInUse, RunDirLock, hold_run_dir
 
 LAUNCHERS = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "RANK", "LOCAL_RANK", "NODE_RANK")
 
@@ -43,7 +43,7 @@ def test_a_live_process_holds_it_and_a_dead_ones_lock_is_taken_over(tmp_path, ca
     finally:
         holder.kill()
         holder.wait()
-    caplog.set_level(logging.INFO, logger="pipeline.core.run_dir_lock")
+    caplog.set_level(logging.INFO, logger="pipeline.core.cluster.run_dir_lock")
     with hold_run_dir(tmp_path):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
         assert f"pid {holder.pid} on {socket.gethostname()}" in caplog.text and "it is gone" in caplog.text

@@ -1,5 +1,5 @@
-"""The trainer's lock (pipeline/core/run_dir_lock.py) when the pid it names has been reused (issue 49, item 6): a
-live process under that pid that started at another time than the holder recorded is not the holder, and its lock is
+"""The trainer's lock (pipeline/core/cluster/run_dir_lock.py) when the pid it names has been reused (issue 49, item 6):
+a live process under that pid that started at another time than the holder recorded is not the holder, and its lock is
 taken over, saying so; the holder itself, and a lock of the code before start times were recorded, are refused while
 that pid lives. Start times are read from /proc here, not through the code under test."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.run_dir_lock import LOCK_NAME, RunDirInUse, RunDirLock, hold_run_dir
+from pipeline.core.cluster.run_dir_lock import LOCK_NAME, RunDirInUse, RunDirLock, hold_run_dir
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process start times come from /proc")
 LAUNCHERS = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_PROCID", "RANK", "LOCAL_RANK", "NODE_RANK")
@@ -51,7 +51,7 @@ def _earlier(start: str) -> str:
 def test_a_live_process_that_is_not_the_recorded_holder_is_taken_over_with_a_log_line(tmp_path, sleeper, caplog):
     _held_by(tmp_path, host=socket.gethostname(), pid=sleeper.pid, process_start=_earlier(_start_of(sleeper.pid)),
              started="earlier")
-    caplog.set_level(logging.INFO, logger="pipeline.core.run_dir_lock")
+    caplog.set_level(logging.INFO, logger="pipeline.core.cluster.run_dir_lock")
     with hold_run_dir(tmp_path):
         held = json.loads((tmp_path / LOCK_NAME).read_text())
         assert held["pid"] == os.getpid() and held["process_start"] == _start_of(os.getpid())

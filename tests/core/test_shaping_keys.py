@@ -1,4 +1,4 @@
-"""The operational keys (pipeline/core/shaping.py) against what the data stream does (issue 36, item 8): the rows of
+"""The operational keys (pipeline/core/run/shaping.py) against what the data stream does (issue 36, item 8): the rows of
 each of the first optimizer steps, read by the real datasets, samplers and loaders (with worker processes) under two
 settings of a key, differ exactly when the list counts the key as shaping."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
 
-from pipeline.core.shaping import OPERATIONAL, names
+from pipeline.core.run.shaping import OPERATIONAL, names
 
 STEPS, GLOBAL_BATCH = 3, 8
 
@@ -51,7 +51,8 @@ def test_a_pretraining_key_is_operational_exactly_when_the_steps_take_the_same_r
     same = pretraining_step_rows(shard_set, **changed) == base
     operational = names(key, OPERATIONAL["train"])
     assert same == operational, (f"{key}: the steps take {'the same' if same else 'other'} rows, yet "
-                                 f"pipeline/core/shaping.py counts it as {'operational' if operational else 'shaping'}")
+                                 f"pipeline/core/run/shaping.py counts it as "
+                                 f"{'operational' if operational else 'shaping'}")
 
 
 def finetuning_step_rows(world=1, workers=0, group_by_length=True, batch=GLOBAL_BATCH) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """A SIGTERM still stops every rank together once Lightning's per-micro-batch broadcast is replaced by the host
-agreement at optimizer-step boundaries (pipeline/core/callbacks/sigterm.py): 2 CPU ranks (DDP over gloo), 2
+agreement at optimizer-step boundaries (pipeline/core/cluster/sigterm.py): 2 CPU ranks (DDP over gloo), 2
 micro-batches a step, rank 0 signalled in the middle of step 2; both ranks stop before step 3's first micro-batch,
 with Lightning's SIGTERMException, and neither hangs."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent('''
     import json, os, signal, sys
     import pytorch_lightning as pl
     import torch
-    from pipeline.core.callbacks.sigterm import HostSigtermAgreement
+    from pipeline.core.cluster.sigterm import HostSigtermAgreement
 
     out = sys.argv[1]
 

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.app import compose
-from pipeline.core.optim import build_optimizer, param_groups
+from pipeline.core.optim.optimizers import build_optimizer, param_groups
 from pipeline.pretraining.checks import check_strategy_and_optimizer
 
 StableAdamW = pytest.importorskip("pytorch_optimizer").StableAdamW

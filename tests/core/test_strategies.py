@@ -1,5 +1,5 @@
-"""pipeline/core/strategies.py: DeepSpeed configs from conf/training/strategy/*.yaml, the strategies built from them,
-and real 2-process runs on CPU (DDP over gloo; DeepSpeed ZeRO 2 and 3 through CPUDeepSpeedStrategy)."""
+"""pipeline/core/speed/strategies.py: DeepSpeed configs from conf/training/strategy/*.yaml, the strategies built from
+them, and real 2-process runs on CPU (DDP over gloo; DeepSpeed ZeRO 2 and 3 through CPUDeepSpeedStrategy)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +12,9 @@ from pytorch_lightning.accelerators import CPUAccelerator
 from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
 
 from pipeline.core.app import TRAINING_CONFIGS, compose
-from pipeline.core.cpu_deepspeed import CPUDeepSpeedStrategy
-from pipeline.core.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
-from pipeline.core.strategies import build_strategy, deepspeed_config
+from pipeline.core.checkpoints.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
+from pipeline.core.speed.cpu_deepspeed import CPUDeepSpeedStrategy
+from pipeline.core.speed.strategies import build_strategy, deepspeed_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STRATEGY_DIR = TRAINING_CONFIGS / "strategy"

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.checkpoint_files import is_complete
-from pipeline.core.strategies import deepspeed_config
+from pipeline.core.checkpoints.checkpoint_files import is_complete
+from pipeline.core.speed.strategies import deepspeed_config
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 # ---------------------------------------------------------------------------------------------- 2-process runs
@@ -25,7 +25,7 @@ RUN_SCRIPT = textwrap.dedent('''
     import pytorch_lightning as pl
     from omegaconf import OmegaConf
     from torch.utils.data import DataLoader, TensorDataset
-    from pipeline.core.strategies import build_strategy
+    from pipeline.core.speed.strategies import build_strategy
 
     out_dir, strategy_name = sys.argv[1], sys.argv[2]
     MAX_STEPS, ACCUMULATE, MICRO_BATCH = 5, 2, 4
@@ -50,8 +50,8 @@ RUN_SCRIPT = textwrap.dedent('''
             self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
 
         def configure_optimizers(self):   # as BertPretrainingModule's: the pipeline's groups and schedule
-            from pipeline.core.optim import build_optimizer, build_scheduler
-            from pipeline.core.strategies import offloads_optimizer
+            from pipeline.core.optim.optimizers import build_optimizer, build_scheduler
+            from pipeline.core.speed.strategies import offloads_optimizer
             optimizer = build_optimizer(self.net, OPTIMIZER, offload=offloads_optimizer(self.trainer.strategy))
             scheduler = build_scheduler(optimizer, SCHEDULE, MAX_STEPS)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -154,7 +154,8 @@ def test_ddp_two_cpu_processes(tmp_path, torch_extensions_dir):
 
 def reference_lrs(lr: float, warmup: int, total: int, steps: int, accumulate: int) -> list[float]:
     """The rate of each micro-batch: optimizer step k at lr * k / warmup, then lr * (total - k) / (total - warmup),
-    as google-research/bert and pipeline/core/optim.py; the same for all micro-batches of one optimizer step."""
+    as google-research/bert and pipeline/core/optim/optimizers.py; the same for all micro-batches of one optimizer
+    step."""
     def at(k: int) -> float:
         return lr * (k / warmup if k < warmup else max(0.0, (total - k) / (total - warmup)))
     return [at(k) for k in range(steps) for _ in range(accumulate)]
@@ -182,7 +183,7 @@ def test_deepspeed_zero_two_cpu_processes_checkpoint_consolidates_exactly(stage,
     w0, w1 = (torch.load(out / f"weights-rank{r}.pt") for r in (0, 1))
     assert_same_weights(w0["final"], w1["final"])
     assert not torch.equal(w0["final"]["net.0.weight"], w0["initial"]["net.0.weight"])
-    tag = (out / "sharded.ckpt" / "latest").read_text().strip()     # pipeline/core/deepspeed_checkpoints.py
+    tag = (out / "sharded.ckpt" / "latest").read_text().strip()     # pipeline/core/checkpoints/deepspeed_checkpoints.py
     assert sorted(p.name for p in (out / "sharded.ckpt" / tag).iterdir() if "optim_states" in p.name) == [
         f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)]
     assert is_complete(out / "sharded.ckpt")

@@ -8,8 +8,8 @@ import os
 
 from model import BertConfig, flops_per_token
 from pipeline.core.app import FINETUNE_SAMPLE_DATA, compose
-from pipeline.core.callbacks.throughput import ThroughputMonitor
-from pipeline.core.loggers import csv_metrics_path
+from pipeline.core.run.loggers import csv_metrics_path
+from pipeline.core.speed.throughput import ThroughputMonitor
 from pipeline.finetuning.run import finetune
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -9,7 +9,7 @@ import torch
 
 from model import BertConfig, flops_per_token
 from model.flops import FP8_OVER_BF16
-from pipeline.core.callbacks.throughput import ThroughputMonitor
+from pipeline.core.speed.throughput import ThroughputMonitor
 
 
 def one_window(fp8: bool) -> dict[str, float]:

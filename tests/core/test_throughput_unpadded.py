@@ -10,7 +10,7 @@ import torch
 
 from model import BertConfig, ModernBertConfig, batch_flops, flops_per_token
 from model.flops import dense_flops_per_token
-from pipeline.core.callbacks.throughput import ThroughputMonitor
+from pipeline.core.speed.throughput import ThroughputMonitor
 
 
 def test_an_unpadded_batch_counts_the_dense_layers_at_its_real_tokens():

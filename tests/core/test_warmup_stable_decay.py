@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.optim import build_optimizer, build_scheduler, schedule_factor
-from pipeline.core.warmup_stable_decay import WarmupStableDecay
+from pipeline.core.optim.optimizers import build_optimizer, build_scheduler, schedule_factor
+from pipeline.core.optim.warmup_stable_decay import WarmupStableDecay
 from pipeline.pretraining.checks import preflight
 
 WARMUP, TOTAL, DECAY = 4, 20, 8            # stable at steps 4..11, decay over 12..19, the floor at 20

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification  # noqa: E402
 from model.modernbert import ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification  # noqa: E402
-from pipeline.core.weights import (  # noqa: E402
+from pipeline.core.checkpoints.weights import (  # noqa: E402
     encoder_of,
     load_into_task_model,
     load_pretrained,
@@ -38,7 +38,7 @@ def hf_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bert_dir(tmp_path_factory) -> Path:
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
 
     torch.manual_seed(0)
     return export_hf(BertForPreTraining(BertConfig.from_preset("tiny")), tmp_path_factory.mktemp("bert") / "hf", VOCAB)

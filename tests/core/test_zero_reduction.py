@@ -6,7 +6,7 @@ shard set) on 2 CPU processes, with accumulation 2 and bf16-mixed (autocast over
   all-reduces, still all on the boundary micro-batch.
 - ZeRO-2 (deepspeed_stage_2.yaml) reduces every gradient element on every micro-batch: its gradients are partitioned,
   and DeepSpeed 0.19.8 has no setting that defers the reduction to the boundary.
-- Every reduction is fp32 (the parameters stay fp32; pipeline/core/strategies.py marks none for bf16), as DDP's.
+- Every reduction is fp32 (the parameters stay fp32; pipeline/core/speed/strategies.py marks none for bf16), as DDP's.
 
 The child script counts the reduction collectives (torch.distributed's, which DeepSpeed's comm layer calls) made inside
 each DeepSpeedEngine.backward and DeepSpeedEngine.step, and records whether DeepSpeed took that micro-batch for the

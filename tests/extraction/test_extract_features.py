@@ -28,7 +28,7 @@ def hf_dir(tmp_path_factory) -> Path:
     """A four-layer BERT (tiny's width) at random weights (seeded) as a Hugging Face directory, with the uncased
     vocabulary."""
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
 
     torch.manual_seed(0)
     config = BertConfig.from_preset("tiny", num_layers=4)

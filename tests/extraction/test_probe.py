@@ -18,7 +18,7 @@ SST2_SAMPLE = REPO_ROOT / "pipeline" / "finetuning" / "sample_data" / "SST-2"
 
 def test_the_probe_runs_on_a_small_sample_and_writes_table_json_and_chart(tmp_path):
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
     from pipeline.core.app import compose
     from pipeline.extraction.probe import PROBE_ROWS
     from pipeline.extraction.run import run_probe

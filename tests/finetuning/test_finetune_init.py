@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from model import BertConfig, BertForPreTraining, BertForSequenceClassification  # noqa: E402
-from model.hf_files import export_hf  # noqa: E402
-from pipeline.core.weights import load_into_task_model, load_pretrained  # noqa: E402
+from model.bert.hf_files import export_hf  # noqa: E402
+from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained  # noqa: E402
 from pipeline.finetuning.tokenizer import load_tokenizer  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_a_deepspeed_checkpoint_directory_gives_the_consolidated_weights(small_s
 
 def test_a_bert_model_checkpoint_without_prefix_or_pooler_loads_with_a_random_pooler(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from model.hf_conversion import hf_config_from
+    from model.bert.hf_conversion import hf_config_from
 
     config = BertConfig.from_preset("tiny", vocab_size=30522)
     torch.manual_seed(0)
@@ -93,7 +93,7 @@ def test_a_bert_model_checkpoint_without_prefix_or_pooler_loads_with_a_random_po
 
 
 def test_a_fine_tuned_head_of_the_same_shape_is_loaded(tmp_path):
-    from model.hf_files import export_hf_task
+    from model.bert.hf_files import export_hf_task
 
     config = BertConfig.from_preset("tiny", vocab_size=30522)
     trained = BertForSequenceClassification(config, num_labels=3)

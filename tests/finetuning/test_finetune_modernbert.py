@@ -70,7 +70,7 @@ def test_the_sst2_export_runs_in_transformers_pipeline_with_our_predictions(sst2
 def ours_and_theirs(export: Path, task_kind: str, num_labels: int, auto_class: str, batch: dict):
     """Our task model loaded from the export (as init= of a run resuming it) and transformers' AutoModelFor*, both
     run on `batch`: (our logits, theirs as ours are laid out)."""
-    from pipeline.core.weights import load_into_task_model, load_pretrained
+    from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained
     from pipeline.finetuning.module import build_task_model
 
     pretrained = load_pretrained(export)
@@ -143,7 +143,7 @@ def test_a_modernbert_pretraining_run_fine_tunes_from_its_directory_checkpoint_a
                                                                                         shared_data, tiny_overrides):
     """The whole user path: data prep with the BPE tokenizer.json, a few steps of ModernBERT pre-training, then init=
     its run directory, its last.ckpt and its hf_export/ give the same encoder and tokenizer, and fine-tuning runs."""
-    from pipeline.core.weights import load_pretrained
+    from pipeline.core.checkpoints.weights import load_pretrained
     from pipeline.pretraining.run import train
     from tests.finetuning.modernbert_dirs import bpe_shard_set, modernbert_model
 

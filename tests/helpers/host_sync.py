@@ -13,8 +13,8 @@ is inside), except the last micro-batch of a logging step (the optimizer step wh
   TorchFunctionMode over the whole fit, so that it sees a value made at a log step and then cloned by Lightning):
   a tensor lives on the host when a factory made it without a device (torch's default device is the CPU on a GPU
   machine too: the optimizers' step counters, a learning rate made into a tensor) or in pinned memory, when it was
-  copied into a tensor that lives there (`copy_`, how pipeline/core/step_stats.py copies to pinned memory), or when
-  `.cpu()` or `.to("cpu")` made it; and when every tensor an operation reads lives on the host, so does its result.
+  copied into a tensor that lives there (`copy_`, how pipeline/core/speed/step_stats.py copies to pinned memory), or
+  when `.cpu()` or `.to("cpu")` made it; and when every tensor an operation reads lives on the host, so does its result.
   Every other tensor lives on the device: the parameters, the batches, the gradients, what a factory made on a given
   device, and all that is computed from them. A read of a device tensor is recorded, whoever reads it, and so is a
   device tensor made from a Python value.

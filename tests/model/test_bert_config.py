@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from model.config import PRESETS, BertConfig
+from model.bert.config import PRESETS, BertConfig
 
 
 @pytest.mark.parametrize("name, layers, hidden, heads", [

@@ -271,7 +271,7 @@ def test_mfu_and_peak_flops():
 # The CPU training fast paths: dropout, attention with dropout, cross-entropy
 
 def test_dropout_keeps_1_minus_p_and_rescales():
-    from model.bert import dropout
+    from model.shared.dropout import dropout
     x = torch.randn(200, 500)
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
     torch.manual_seed(0)
@@ -284,7 +284,7 @@ def test_dropout_keeps_1_minus_p_and_rescales():
 
 
 def test_training_attention_equals_sdpa_when_nothing_is_dropped(batch_factory):
-    from model.bert import attention_with_dropout, key_padding_mask
+    from model.bert.model import attention_with_dropout, key_padding_mask
     batch = batch_factory(VOCAB)
     B, T = batch["input_ids"].shape
     q, k, v = (torch.randn(B, 2, T, 64, requires_grad=True) for _ in range(3))
@@ -304,7 +304,7 @@ def test_training_attention_equals_sdpa_when_nothing_is_dropped(batch_factory):
 
 
 def test_cross_entropy_equals_torchs_and_refuses_a_second_backward():
-    from model.bert import _SummedCrossEntropy
+    from model.shared.losses import _SummedCrossEntropy
     torch.manual_seed(0)
     logits = torch.randn(50, 300, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, 300, (50,))

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from model import BertConfig, BertForMultipleChoice, BertForPreTraining, BertForSequenceClassification, BertModel  # noqa: E402
-from model.hf_conversion import (  # noqa: E402
+from model.bert.hf_conversion import (  # noqa: E402
     config_from_hf,
     encoder_state_from_hf,
     hf_config_from,
@@ -19,7 +19,8 @@ from model.hf_conversion import (  # noqa: E402
     task_to_hf_state_dict,
     to_hf_state_dict,
 )
-from model.hf_files import export_hf_task, read_hf_checkpoint  # noqa: E402
+from model.bert.hf_files import export_hf_task  # noqa: E402
+from model.shared.hf_checkpoints import read_hf_checkpoint  # noqa: E402
 
 VOCAB = 1000
 ATOL = 1e-5

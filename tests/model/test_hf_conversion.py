@@ -10,8 +10,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from model import BertConfig, BertForPreTraining  # noqa: E402
-from model.hf_conversion import config_from_hf, from_hf_state_dict, hf_config_from, to_hf_state_dict  # noqa: E402
-from model.hf_files import export_hf  # noqa: E402
+from model.bert.hf_conversion import config_from_hf, from_hf_state_dict, hf_config_from, to_hf_state_dict  # noqa: E402
+from model.bert.hf_files import export_hf  # noqa: E402
 
 VOCAB = 1000
 ATOL = 1e-5

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from model import BertConfig, flops_per_token
-from model.hf_conversion import hf_config_dict as bert_hf_config_dict
+from model.bert.hf_conversion import hf_config_dict as bert_hf_config_dict
 from model.modernbert import PRESETS, ModernBertConfig
 from model.modernbert.hf_conversion import config_from_hf, hf_config_dict
 

@@ -10,7 +10,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 tokenizers = pytest.importorskip("tokenizers")
 
-from model.hf_files import read_hf_checkpoint  # noqa: E402
 from model.modernbert import (  # noqa: E402
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
@@ -19,6 +18,7 @@ from model.modernbert import (  # noqa: E402
 )
 from model.modernbert.hf_conversion import load_task_from_hf_state_dict  # noqa: E402
 from model.modernbert.hf_files import export_modernbert_hf, read_modernbert_hf  # noqa: E402
+from model.shared.hf_checkpoints import read_hf_checkpoint  # noqa: E402
 from tests.model.modernbert_common import ATOL, CONFIG, hf_model, max_abs_diff, padded_batch  # noqa: E402
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0-4, our vocabularies' order

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from model.heads import TaskOutput  # noqa: E402
 from model.modernbert import (  # noqa: E402
     ModernBertForMultipleChoice,
     ModernBertForQuestionAnswering,
@@ -17,6 +16,7 @@ from model.modernbert import (  # noqa: E402
     ModernBertModel,
 )
 from model.modernbert.hf_conversion import load_task_from_hf_state_dict, task_to_hf_state_dict  # noqa: E402
+from model.shared.outputs import TaskOutput  # noqa: E402
 from tests.model.modernbert_common import ATOL, CONFIG, hf_model, max_abs_diff, padded_batch  # noqa: E402
 
 K = 3

@@ -1,4 +1,4 @@
-"""Unpadding (model/unpadding.py): the same weights and batch through the padded and the unpadded encoder.
+"""Unpadding (model/shared/unpadding.py): the same weights and batch through the padded and the unpadded encoder.
 
 fp32 on the CPU. Without dropout the two compute the same function, so they agree up to float rounding (other row
 counts, other matmul blockings). With dropout the unpadded encoder draws its hidden-state masks over (N, C), not

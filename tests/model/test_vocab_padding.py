@@ -1,4 +1,4 @@
-"""BERT's MLM decoder over a vocabulary padded to a multiple of 64 (issue 48 item 4; model/vocab_padding.py): the
+"""BERT's MLM decoder over a vocabulary padded to a multiple of 64 (issue 48 item 4; model/shared/vocab_padding.py): the
 same logits and gradients as the unpadded decoder, the parameters' shapes unchanged, and the real train() with
 model.pad_vocab_to_multiple_of=64 trains the losses of the run without it."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model import BertConfig, BertForPreTraining
-from model.vocab_padding import padded_vocab_linear
+from model.shared.vocab_padding import padded_vocab_linear
 
 
 @pytest.mark.parametrize("vocab", [30522, 30528, 7])
@@ -45,7 +45,7 @@ def test_bert_with_the_padded_decoder_scores_as_without_it_and_keeps_its_paramet
 
 def test_a_run_with_the_padded_decoder_trains_the_losses_of_one_without(small_shards, tmp_path, tiny_overrides,
                                                                          monkeypatch):
-    import model.bert
+    import model.bert.model
     from pipeline.core.app import compose
     from pipeline.pretraining.run import train
 
@@ -55,7 +55,7 @@ def test_a_run_with_the_padded_decoder_trains_the_losses_of_one_without(small_sh
         widths.append(weight.shape[0] + -weight.shape[0] % multiple)
         return padded_vocab_linear(hidden, weight, bias, multiple)
 
-    monkeypatch.setattr(model.bert, "padded_vocab_linear", padded_and_seen)
+    monkeypatch.setattr(model.bert.model, "padded_vocab_linear", padded_and_seen)
 
     def losses(out, *extra):
         train(compose("train", [*tiny_overrides(small_shards, out, 4), "trainer.log_every_n_steps=1",

@@ -1,5 +1,5 @@
-"""The workflow's pre-training stage restarts a failed try as train.sbatch does (pipeline/core/restarts.py): the tiny
-workflow's pretrain_phase1, run by the stage runner itself (what its rule runs, here locally), on a real shard set
+"""The workflow's pre-training stage restarts a failed try as train.sbatch does (pipeline/core/cluster/restarts.py): the
+tiny workflow's pretrain_phase1, run by the stage runner itself (what its rule runs, here locally), on a real shard set
 standing in for prep_phase1's output, with its training process killed (SIGKILL) once after its first checkpoint.
 
 The kill comes from a `sitecustomize` module of the test's own on PYTHONPATH, which Python imports at the start of

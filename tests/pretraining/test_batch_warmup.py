@@ -1,7 +1,7 @@
 """Batch-size warm-up (pipeline/pretraining/data/batch_warmup.py, step_stream.py): the ramp's arithmetic against its
 definition, step by step; the rows of a step a function of the step alone (one rank or two, any loader workers); a
 resume anywhere continues exactly; the settings refused before a run starts; and the setting at its default left out
-of a run's identity and record (pipeline/core/shaping.py)."""
+of a run's identity and record (pipeline/core/run/shaping.py)."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.shaping import without_later_defaults
+from pipeline.core.run.shaping import without_later_defaults
 from pipeline.pretraining.data.batch_warmup import BatchWarmup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -158,7 +158,7 @@ def test_the_run_checks_refuse_what_the_ramp_cannot_run_with():
 
 
 def test_a_run_recorded_before_the_setting_existed_resumes_and_turning_it_on_is_a_change(tmp_path):
-    from pipeline.core.run_record import InEffect, ResumeRefused, check_start
+    from pipeline.core.run.run_record import InEffect, ResumeRefused, check_start
 
     before = {"seed": 1, "data": {"global_batch_size": 8}}
     check_start(tmp_path, "train", InEffect(before, inputs={}), resuming_from=None).write(step=0)

@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.checkpoint_retention import Retention, step_checkpoints
+from pipeline.core.checkpoints.checkpoint_retention import Retention, step_checkpoints
 from pipeline.pretraining.checks import preflight
 from pipeline.pretraining.run import train
 

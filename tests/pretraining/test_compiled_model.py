@@ -36,7 +36,7 @@ def test_the_whole_model_with_its_losses_compiles_as_one_graph_per_sequence_leng
     assert set(record.shapes) == {(4, 128)} and all(record.masked)     # fixed width, always masked: one shape
     assert len(graphs) == 1                                              # 6 micro-batches, one graph
     assert not torch._dynamo.utils.counters["graph_break"]
-    # the heads and losses are in the graph: the MLM gather, and both cross-entropies (model/bert.py's autograd
+    # the heads and losses are in the graph: the MLM gather, and both cross-entropies (model/bert/model.py's autograd
     # Function, its forward and its hand-written backward as subgraphs)
     targets = {str(node.target) for node in graphs[0].graph.nodes}
     assert any("gather" in t for t in targets) and {"autograd_function_apply", "argmax"} <= targets

@@ -6,7 +6,7 @@ import torch
 
 from data_prep.masking import mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
-from model.bert import IGNORE_INDEX
+from model.shared.outputs import IGNORE_INDEX
 from pipeline.pretraining.data.collator import PretrainingCollator, dynamic_masking_seeds
 from pipeline.pretraining.data.epoch_plan import Piece
 from pipeline.pretraining.data.rows import RowGroupReader
@@ -155,8 +155,8 @@ def test_a_row_is_masked_alike_in_any_batch_but_anew_each_epoch(dynamic_set):
 
 
 def test_a_collated_batch_trains_the_model(static_set, dynamic_set):
-    from model.bert import BertForPreTraining
-    from model.config import BertConfig
+    from model.bert.config import BertConfig
+    from model.bert.model import BertForPreTraining
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522))
     for shard_set in (static_set, dynamic_set):

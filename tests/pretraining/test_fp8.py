@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from model import BertConfig, BertForPreTraining
-from pipeline.core import fp8
 from pipeline.core.app import compose
+from pipeline.core.speed import fp8
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason='torchao is not installed (pip install "torchao==0.18.0")')
@@ -155,7 +155,7 @@ def test_model_fp8_names_the_filter():
 
 @needs_torchao
 def test_a_converted_model_saves_and_loads_as_a_plain_one(tmp_path):
-    from pipeline.core.weights import load_pretraining_model, load_pretraining_weights
+    from pipeline.core.checkpoints.weights import load_pretraining_model, load_pretraining_weights
 
     model, plain = tiny_model(), tiny_model()
     fp8.convert_encoder_to_fp8(model, layers="all_projections")
@@ -184,7 +184,7 @@ def test_a_converted_model_saves_and_loads_as_a_plain_one(tmp_path):
 
 @needs_torchao
 def test_the_hf_export_of_a_converted_model_holds_its_weights(tmp_path):
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
     from pipeline.pretraining.export import export_model
 
     model = tiny_model()
@@ -202,7 +202,7 @@ def test_a_run_with_fp8_layers_checkpoints_and_exports_their_weights(small_shard
     import pytorch_lightning as pl
     from torchao.float8.float8_linear import Float8Linear
 
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
     from pipeline.pretraining import checks, run
 
     monkeypatch.setattr(checks, "check_fp8_settings", lambda accelerator: None)

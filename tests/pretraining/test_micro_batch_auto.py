@@ -13,9 +13,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from pipeline.core import micro_batch
 from pipeline.core.app import TRAINING_CONFIGS, compose
-from pipeline.core.micro_batch import GIB, NoPassFits, candidates, largest_that_fits, plan_micro_batch
+from pipeline.core.speed import micro_batch
+from pipeline.core.speed.micro_batch import GIB, NoPassFits, candidates, largest_that_fits, plan_micro_batch
 
 STEPS = 4
 
@@ -177,7 +177,7 @@ def test_a_probe_pass_runs_the_widest_batch_and_leaves_no_trace():
 def test_the_size_reaches_the_loop_the_loaders_validation_and_deepspeed(monkeypatch):
     from types import SimpleNamespace
 
-    from pipeline.core.strategies import build_strategy
+    from pipeline.core.speed.strategies import build_strategy
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")        # what build_strategy sets on the CPU, undone after the test
     strategy = build_strategy({"name": "deepspeed", "zero_optimization": {"stage": 2}}, precision="32-true",

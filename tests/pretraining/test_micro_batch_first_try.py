@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pipeline.core import micro_batch
-from pipeline.core.micro_batch import GIB, candidates, largest_that_fits
+from pipeline.core.speed import micro_batch
+from pipeline.core.speed.micro_batch import GIB, candidates, largest_that_fits
 
 
 def test_the_first_try_never_exceeds_what_one_attention_call_takes_nor_the_per_process_batch():
@@ -51,7 +51,7 @@ def test_an_error_that_every_size_repeats_stops_the_run():
 def test_the_peak_memory_after_the_probe_starts_after_it(monkeypatch):
     """The real probe's passes (on the CPU, injected peaks), then the reset of the device's peak statistics."""
     from model import BertConfig, BertForPreTraining
-    from pipeline.core.micro_batch import plan_micro_batch
+    from pipeline.core.speed.micro_batch import plan_micro_batch
 
     events = []
 

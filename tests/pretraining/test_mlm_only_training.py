@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.weights import load_pretraining_model, load_pretraining_weights
+from pipeline.core.checkpoints.weights import load_pretraining_model, load_pretraining_weights
 from pipeline.pretraining.run import train
 
 
@@ -74,8 +74,8 @@ def test_a_checkpoint_of_the_other_objective_is_refused_saying_why(mlm_run, smal
 
 
 def test_fine_tuning_starts_from_the_mlm_export(mlm_run):
-    from model.heads import BertForSequenceClassification
-    from pipeline.core.weights import load_into_task_model, load_pretrained
+    from model.bert.heads import BertForSequenceClassification
+    from pipeline.core.checkpoints.weights import load_into_task_model, load_pretrained
     _, out = mlm_run
     pretrained = load_pretrained(out / "hf_export")
     model = BertForSequenceClassification(pretrained.config, num_labels=2)

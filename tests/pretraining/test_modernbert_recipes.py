@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.core.app import compose
-from pipeline.core.shaping import OPERATIONAL, leaves, without_keys
+from pipeline.core.run.shaping import OPERATIONAL, leaves, without_keys
 from pipeline.pretraining.checks import preflight
 from pipeline.pretraining.data.batch_warmup import BatchWarmup
 

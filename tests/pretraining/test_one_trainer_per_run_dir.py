@@ -1,5 +1,5 @@
-"""One trainer per run directory (pipeline/core/run_dir_lock.py): a second training started on the run directory of
-a live one is refused, naming it, before it touches anything there (a resume's start-up would remove the partial
+"""One trainer per run directory (pipeline/core/cluster/run_dir_lock.py): a second training started on the run directory
+of a live one is refused, naming it, before it touches anything there (a resume's start-up would remove the partial
 checkpoint file that the live one may be writing). A real training holds the directory, parked at its second step
 until the test lets it go:
 

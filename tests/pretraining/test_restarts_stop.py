@@ -1,11 +1,11 @@
-"""Stopping pipeline/core/restarts.py stops its training (issue 49, item 11). A SIGTERM or SIGINT sent to the
+"""Stopping pipeline/core/cluster/restarts.py stops its training (issue 49, item 11). A SIGTERM or SIGINT sent to the
 supervisor (train.sbatch's batch shell execs it: `scancel --batch`, `kill <pid>`, Ctrl-C) is passed on to the running
 try, which stops as on its own (exit 143 or 130, its run directory's lock released); the supervisor waits for it,
 starts no other try and exits with its status. A SIGKILL, which the supervisor cannot catch, still stops the try (the
 kernel's parent-death signal, a SIGTERM) instead of leaving it training, orphaned, holding the run directory.
 
-`python -m pipeline.core.restarts <run dir> -- python pipeline/train.py ...` as train.sbatch runs it (without srun),
-on a tiny run of 400 steps, signalled once its step-5 checkpoint is on disk. A training signalled itself:
+`python -m pipeline.core.cluster.restarts <run dir> -- python pipeline/train.py ...` as train.sbatch runs it (without
+srun), on a tiny run of 400 steps, signalled once its step-5 checkpoint is on disk. A training signalled itself:
 tests/pretraining/test_train_sigterm.py."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.run_dir_lock import LOCK_NAME, RunDirLock
+from pipeline.core.cluster.run_dir_lock import LOCK_NAME, RunDirLock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def supervise(run_dir: Path, log: Path, overrides: list[str]) -> subprocess.Pope
     training = [sys.executable, "pipeline/train.py", *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), "WANDB_MODE": "disabled"}
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "pipeline.core.restarts", str(run_dir), "--", *training],
+        return subprocess.Popen([sys.executable, "-m", "pipeline.core.cluster.restarts", str(run_dir), "--", *training],
                                 cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
 
 

@@ -17,8 +17,8 @@ import pytest
 import pytorch_lightning as pl
 
 from pipeline.core.app import REPO_ROOT, compose
-from pipeline.core.checkpoint_files import newest_complete_checkpoint
-from pipeline.core.checkpoint_retention import step_checkpoints
+from pipeline.core.checkpoints.checkpoint_files import newest_complete_checkpoint
+from pipeline.core.checkpoints.checkpoint_retention import step_checkpoints
 from pipeline.pretraining.run import train
 
 LATER = ("step0000004.ckpt", "step0000006.ckpt", "last.ckpt")
@@ -102,8 +102,8 @@ def test_an_asked_rollback_moves_the_later_checkpoints_aside_whole_and_resumes(r
     newest = newest_complete_checkpoint(checkpoints, run_dir)
     assert newest is not None and newest.parent == checkpoints and newest.name in ("last.ckpt", "step0000004.ckpt")
     assert sorted(step_checkpoints(checkpoints)) == [2, 4]
-    found = subprocess.run([sys.executable, "-m", "pipeline.core.checkpoint_files", str(run_dir)], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True)
+    found = subprocess.run([sys.executable, "-m", "pipeline.core.checkpoints.checkpoint_files", str(run_dir)],
+                           cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert Path(found.stdout.strip()).parent == checkpoints
 
 
@@ -120,7 +120,7 @@ def deepspeed_directory(path: Path, step: int, tag_files: dict[str, bytes]) -> P
 
 
 def test_the_command_line_moves_later_deepspeed_directories_aside(tmp_path):
-    from pipeline.core.rollback import check_rollback
+    from pipeline.core.run.rollback import check_rollback
 
     run, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
     for name, step in (("step0000002.ckpt", 2), ("step0000004.ckpt", 4), ("last.ckpt", 4)):
@@ -136,7 +136,7 @@ def test_the_command_line_moves_later_deepspeed_directories_aside(tmp_path):
         check_rollback(run, str(checkpoints / "step0000002.ckpt"), {"rollback": False})
     assert {name: contents(checkpoints / name) for name in later} == before
 
-    moved = subprocess.run([sys.executable, "-m", "pipeline.core.rollback", str(run),
+    moved = subprocess.run([sys.executable, "-m", "pipeline.core.cluster.move_aside", str(run),
                             str(checkpoints / "step0000002.ckpt")], cwd=REPO_ROOT, capture_output=True, text=True)
     assert moved.returncode == 0, moved.stderr
     aside = Path(moved.stdout.strip())

@@ -34,7 +34,7 @@ def test_train_sbatch_is_valid_bash_with_the_directives_lightning_needs():
     for key in ("nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "signal", "requeue", "job-name"):
         assert key in directives, f"#SBATCH --{key} missing"
     assert directives["ntasks-per-node"] == directives["gpus-per-node"], "one task per GPU"
-    assert directives["signal"] == "USR1@120"              # pipeline/core/requeue.py: SIGUSR1 asks for a requeue
+    assert directives["signal"] == "USR1@120"   # pipeline/core/cluster/requeue.py: SIGUSR1 asks for a requeue
     assert directives["job-name"] not in ("bash", "interactive")   # Lightning ignores SLURM for those names
     text = script.read_text()
     assert 'EXPERIMENT="${EXPERIMENT:-bert_large}"' in text

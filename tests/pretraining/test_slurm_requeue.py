@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.checkpoint_files import newest_complete_checkpoint
-from pipeline.core.requeue import REQUEUED_EXIT_CODE
+from pipeline.core.checkpoints.checkpoint_files import newest_complete_checkpoint
+from pipeline.core.cluster.requeue import REQUEUED_EXIT_CODE
 from tests.helpers.training import run_two_rank_training
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ WRAPPER = """
 import json, os, runpy, sys, time
 import pytorch_lightning as pl
 import pipeline.pretraining.run as run
-from pipeline.core.requeue import RequeueOnSignal
+from pipeline.core.cluster.requeue import RequeueOnSignal
 
 out, start = os.environ["RECORDS"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 gates = [int(g) for g in os.environ["GATES"].split(",")]
@@ -291,7 +291,7 @@ def test_the_wandb_run_is_marked_preempted_at_each_signal_and_continued(requeued
 def test_a_failed_requeue_says_why(slurm_cluster, monkeypatch):
     """The real scontrol's answer for a job it cannot requeue reaches the error (the run then stops, its
     checkpoint saved, saying to submit it again)."""
-    from pipeline.core.requeue import requeue_slurm_job
+    from pipeline.core.cluster.requeue import requeue_slurm_job
 
     for name, value in slurm_cluster.env.items():
         monkeypatch.setenv(name, value)

@@ -31,7 +31,7 @@ WRAPPER = """
 import os, runpy, signal, time
 import pytorch_lightning as pl
 import pipeline.pretraining.run as run
-from pipeline.core.requeue import RequeueOnSignal
+from pipeline.core.cluster.requeue import RequeueOnSignal
 
 out = os.environ["RECORDS"]
 crash_at, park_at = int(os.environ.get("CRASH_AT_STEP", "-1")), int(os.environ.get("PARK_AT_STEP", "-1"))

@@ -1,4 +1,4 @@
-"""A start from step 0 never overwrites a run unasked (pipeline/core/fresh_start.py): ckpt_path=auto (every start of
+"""A start from step 0 never overwrites a run unasked (pipeline/core/run/fresh_start.py): ckpt_path=auto (every start of
 train.sbatch and of the workflow's stages) into a run whose checkpoints are all cut short, or whose record says it
 resumed while its checkpoints are gone, and ckpt_path=null into a run's directory, refuse, naming what they would
 overwrite and how to start over on purpose; a run stopped before its first checkpoint still starts again under auto
@@ -145,7 +145,7 @@ def deepspeed_save(checkpoint: Path, step: int, shard: bytes, published: bool) -
 
 
 def test_deepspeed_directories_a_first_save_killed_does_not_count_a_shard_cut_short_does(tmp_path):
-    from pipeline.core.fresh_start import StartOverRefused, check_start_over
+    from pipeline.core.run.fresh_start import StartOverRefused, check_start_over
 
     checkpoints = tmp_path / "checkpoints"
     deepspeed_save(checkpoints / "step0000002.ckpt", 2, b"x" * 10, published=False)

@@ -1,7 +1,7 @@
 """A run refused before it starts says why once, in one message, and exits with 2, which nothing starts again (issue
 49, item 13): not a traceback under Hydra's "Error executing job", not the name of a temporary file, not the same
-message twice. `python pipeline/train.py`, `python -m pipeline.core.restarts` and infra/slurm/train.sbatch (with a
-stand-in srun) as users run them, on a finished tiny run:
+message twice. `python pipeline/train.py`, `python -m pipeline.core.cluster.restarts` and infra/slurm/train.sbatch (with
+a stand-in srun) as users run them, on a finished tiny run:
 
 - a run directory this user may not write is refused naming it (the tests run as root in CI, which writes anywhere:
   the trainer runs without CAP_DAC_OVERRIDE, through setpriv, as tests/core/test_checkpoint_file_modes.py reads);
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.app import compose
-from pipeline.core.run_dir_lock import LOCK_NAME
+from pipeline.core.cluster.run_dir_lock import LOCK_NAME
 from pipeline.pretraining.run import train
 from tests.core.test_checkpoint_file_modes import as_a_user_without_read_override
 from tests.helpers.training import tiny_run_overrides
@@ -113,7 +113,7 @@ def test_a_refused_resume_prints_the_refusal_alone_and_is_not_started_again(fini
     assert "optimizer.lr: 0.001 -> 0.0002" in done.stderr
     assert_message_alone(done)
 
-    supervised = run([sys.executable, "-m", "pipeline.core.restarts", str(run_dir), "--", *resume])
+    supervised = run([sys.executable, "-m", "pipeline.core.cluster.restarts", str(run_dir), "--", *resume])
     output = supervised.stdout + supervised.stderr
     print(f"restarts.py: exit status {supervised.returncode}; stdout: {supervised.stdout[-600:]}")
     assert supervised.returncode == REFUSED, output[-3000:]

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from pipeline.core.app import REPO_ROOT, compose
 from pipeline.core.app import TRAINING_CONFIGS as CONFIG_DIR
 from pipeline.core.devices import batch_split
-from pipeline.core.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from pipeline.core.optim.optimizers import build_optimizer, build_scheduler, lr_factor, param_groups
 from pipeline.pretraining.checks import check_strategy_and_optimizer, model_config_of
 
 # the GPU recipes (cpu_hour: test_cpu_hour.py)
@@ -120,7 +120,7 @@ def test_lamb_with_zero_is_refused():
 def test_deepspeeds_fused_lamb_is_refused_before_anything_runs_saying_why(monkeypatch):
     """DeepSpeed's FusedLamb is another algorithm than the recipe's lamb (trust ratio on biases and LayerNorm, clamped
     to [0.01, 10], bias correction) and needs nvcc: refused at preflight, on any device, under any strategy."""
-    from pipeline.core.optim import build_optimizer
+    from pipeline.core.optim.optimizers import build_optimizer
     from pipeline.pretraining.checks import preflight
 
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
@@ -225,7 +225,7 @@ def test_bad_schedules_are_refused():
 
 def test_peak_flops_resolution():
     from model import PEAK_FLOPS
-    from pipeline.core.callbacks.throughput import resolve_peak_flops
+    from pipeline.core.speed.throughput import resolve_peak_flops
     cpu = torch.device("cpu")
     assert resolve_peak_flops(None, cpu) is None                       # no MFU on the CPU
     assert resolve_peak_flops("h100-sxm", cpu) == PEAK_FLOPS["h100-sxm"]

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.optim import _Factor, build_optimizer, build_scheduler, lr_factor
+from pipeline.core.optim.optimizers import _Factor, build_optimizer, build_scheduler, lr_factor
 from pipeline.pretraining.run import train
 
 FIRST_STEPS, NEW_STEPS, NEW_LR, WARMUP = 4, 6, 5e-2, 2
@@ -65,7 +65,7 @@ def test_an_accepted_change_trains_the_new_schedule_from_the_resumed_step(small_
                                                                           caplog):
     run(small_shards, tmp_path, tiny_overrides, FIRST_STEPS)
     groups = RecordGroups()
-    with caplog.at_level(logging.WARNING, logger="pipeline.core.run_record"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.run.run_record"):
         run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto", f"optimizer.lr={NEW_LR}",
             "optimizer.weight_decay=0.05", ACCEPT, callbacks=[groups])
     # Steps 4 and 5 at the new schedule (warmup 2, decay to 0 at step 6, peak 5e-2), not the saved one's 0.0
@@ -108,7 +108,7 @@ def test_a_run_begun_before_records_resumes_with_a_warning(small_shards, tiny_ov
     (tmp_path / "run_config.json").unlink(missing_ok=True)         # as a run of an earlier version left it
     with pytest.raises(ValueError, match=r"since its checkpoint was trained: trainer.max_steps: 4 -> 6\. "):
         run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto")
-    with caplog.at_level(logging.WARNING, logger="pipeline.core.run_record"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.core.run.run_record"):
         result = run(small_shards, tmp_path, tiny_overrides, NEW_STEPS, "ckpt_path=auto",
                      "++resume.accept_changes=[trainer.max_steps:6]")
     assert result["global_step"] == NEW_STEPS

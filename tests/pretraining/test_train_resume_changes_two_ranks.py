@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from pipeline.core.optim import lr_factor
+from pipeline.core.optim.optimizers import lr_factor
 from tests.helpers.ranks import local_launch_env, run_rank_group
 
 FIRST_STEPS, NEW_STEPS, NEW_LR, WARMUP = 4, 6, 5e-2, 2

@@ -8,7 +8,7 @@ import pytorch_lightning as pl
 import torch
 
 from pipeline.core.app import compose
-from pipeline.core.weights import load_pretraining_weights
+from pipeline.core.checkpoints.weights import load_pretraining_weights
 from pipeline.pretraining.module import RNG_KEY
 from pipeline.pretraining.run import train
 

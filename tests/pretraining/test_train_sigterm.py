@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.app import REPO_ROOT
-from pipeline.core.requeue import REQUEUED_EXIT_CODE
+from pipeline.core.cluster.requeue import REQUEUED_EXIT_CODE
 
 STOPPED = 128 + signal.SIGTERM
 
@@ -71,7 +71,7 @@ def test_a_training_stopped_by_sigterm_exits_143(small_shards, tmp_path, tiny_ov
 def test_restarts_passes_on_a_training_stopped_by_sigterm(small_shards, tmp_path, tiny_overrides):
     """As train.sbatch and the workflow run it: the wrapper neither starts the try again nor reports success."""
     run_dir, log = tmp_path / "run", tmp_path / "restarts.log"
-    wrapper = start([sys.executable, "-m", "pipeline.core.restarts", str(run_dir), "--",
+    wrapper = start([sys.executable, "-m", "pipeline.core.cluster.restarts", str(run_dir), "--",
                      *training_command(small_shards, run_dir, tiny_overrides)], log)
     try:
         wait_for(run_dir / "checkpoints" / "step0000005.ckpt", wrapper, log)
@@ -107,7 +107,7 @@ def test_the_sigterm_after_a_requeue_still_ends_the_run_as_requeued(small_shards
                      PATH=f"{bin_dir}:{os.environ['PATH']}", **slurm)
     try:
         wait_for(run_dir / "checkpoints" / "step0000005.ckpt", training, log)
-        training.send_signal(signal.SIGUSR1)          # the requeue signal (pipeline/core/requeue.py)
+        training.send_signal(signal.SIGUSR1)          # the requeue signal (pipeline/core/cluster/requeue.py)
         code = training.wait(timeout=120)
     finally:
         training.kill()

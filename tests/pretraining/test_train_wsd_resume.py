@@ -9,7 +9,7 @@ import csv
 import pytest
 
 from pipeline.core.app import compose
-from pipeline.core.run_record import ResumeRefused
+from pipeline.core.run.run_record import ResumeRefused
 from pipeline.pretraining.run import train
 
 N, DECAY = 12, 4

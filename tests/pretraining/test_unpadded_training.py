@@ -1,6 +1,6 @@
 """data.unpad=true through the real train() on real shards (issue 35, item 8): the collator's token_index reaches the
 model in training and validation batches alike; without dropout the run is the padded run up to float rounding, and
-with dropout it trains (other masks: model/unpadding.py)."""
+with dropout it trains (other masks: model/shared/unpadding.py)."""
 from __future__ import annotations
 
 import csv

@@ -18,7 +18,7 @@ def _expected(run_dir: Path, shards: Path, micro_batch: int) -> dict[str, float]
     """The held-out metrics computed here, in one process, from the run's weights over both ranks' shares."""
     from omegaconf import OmegaConf
 
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
     from pipeline.pretraining.data.dataset import PretrainingDataset
     from pipeline.pretraining.data.shard_set import ShardSet
 

@@ -17,7 +17,7 @@ The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
   token_index                                 (N,) with unpad=True, where a batch has an attention_mask: the flat
                                               indices b * T + t of the real tokens, row by row, then of the first
                                               padding positions up to a rounded N (below); the model's layers
-                                              compute on these only (model/unpadding.py)
+                                              compute on these only (model/shared/unpadding.py)
 Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
 the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
 masked the same way whatever batch, worker or rank it lands in, and differently every epoch. The rate is the
@@ -65,7 +65,7 @@ import torch
 
 from data_prep.masking import MaskingConfig, MaskingVocab, mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
-from model.bert import IGNORE_INDEX
+from model.shared.outputs import IGNORE_INDEX
 from pipeline.pretraining.data.rows import Rows, concat, gather_lists
 from pipeline.pretraining.data.shard_set import ShardSet
 

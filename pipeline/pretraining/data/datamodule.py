@@ -10,7 +10,7 @@
   consumed, with the layout. A fit resumed from that checkpoint continues with exactly the batch after the
   last one trained. Resume with the same world size, num_workers and micro_batch_size (a warning otherwise).
 - unpad=True: padded batches carry the indices of their real tokens, on which the model's layers then compute
-  (collator.py, model/unpadding.py); validation batches too.
+  (collator.py, model/shared/unpadding.py); validation batches too.
 - document_layout=True: batches carry document_ids and position_ids, where each packed document of a row is and
   each token's position in it (collator.py); validation batches too. masked_lm_prob: dynamic masking at this rate
   instead of the manifest's (dynamic sets only; at most max_predictions_per_seq of a full row); validation too, so

@@ -6,7 +6,7 @@
   so the epoch would stay at 0. This loader asks `epoch_and_skip()` at every iter(), in the main process,
   before worker processes copy the dataset, which works with or without reloading.
 - Worker processes send each batch as one block of bytes (packed_batch.py); iterating gives the usual dict.
-- The workers ignore the requeue signal, whatever the start method (pipeline/core/requeue_safe_loader.py).
+- The workers ignore the requeue signal, whatever the start method (pipeline/core/cluster/requeue_safe_loader.py).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from pipeline.core.requeue_safe_loader import RequeueSafeDataLoader
+from pipeline.core.cluster.requeue_safe_loader import RequeueSafeDataLoader
 from pipeline.pretraining.data.dataset import PretrainingDataset
 from pipeline.pretraining.data.packed_batch import PackedBatch
 

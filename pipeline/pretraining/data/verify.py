@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.atomic_files import write_atomically
+from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.file_stamp import file_stamp
 
 RECORD_NAME = "verified_shards.json"

@@ -96,7 +96,7 @@ def test_a_tries_overrides_reach_the_model_and_the_schedule():
     from study_evidence import PLATEAU_TRIES
 
     from pipeline.core.app import compose
-    from pipeline.core.optim import warmup_steps_of
+    from pipeline.core.optim.optimizers import warmup_steps_of
     from pipeline.pretraining.checks import model_config_of
 
     for name, warmup in (("init0.01", 2769), ("warmup20", 9230)):

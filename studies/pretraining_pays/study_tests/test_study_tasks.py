@@ -23,7 +23,7 @@ def tasks(study_importable):
 def _tiny_export(path, next_sentence_prediction=False):
     """A very small BERT with the bundled uncased vocabulary, exported as the study's arms are."""
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
     from tests.conftest import BUNDLED_VOCAB
 
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_an_arm_names_one_source_of_weights(tasks, export):
 @pytest.mark.parametrize("nsp", [False, True])
 def test_a_random_arm_is_berts_initialisation_drawn_with_the_seed(tasks, tmp_path, nsp):
     from model import BertForPreTraining
-    from pipeline.core.weights import load_pretrained, load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretrained, load_pretraining_model
 
     like = _tiny_export(tmp_path / "like", next_sentence_prediction=nsp)
     arm = tasks.Arm.of({"name": "random_domain", "random_like": str(like)})

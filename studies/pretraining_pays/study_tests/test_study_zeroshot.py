@@ -18,7 +18,7 @@ def zeroshot(study_importable):
 
 def _export(path, next_sentence_prediction):
     from model import BertConfig, BertForPreTraining
-    from model.hf_files import export_hf
+    from model.bert.hf_files import export_hf
 
     path.mkdir(parents=True)
     (path.parent / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
@@ -56,7 +56,7 @@ def test_the_prompt(zeroshot, tokenizer):
 
 
 def test_log_probabilities_at_the_mask_are_those_of_each_sentence_alone(zeroshot, tokenizer, export):
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
 
     model = load_pretraining_model(export).eval()
     mask = VOCAB.index("[MASK]")
@@ -78,7 +78,7 @@ def test_a_sentence_is_positive_above_the_median(zeroshot):
 
 @pytest.mark.parametrize("nsp", [False, True])
 def test_zero_shot_end_to_end(zeroshot, tmp_path, export, nsp):
-    from pipeline.core.weights import load_pretraining_model
+    from pipeline.core.checkpoints.weights import load_pretraining_model
 
     path = _export(tmp_path / "nsp", True) if nsp else export
     texts = ["a fun film", "the plot is dull", "a long film", "the film is bad", "fun and great", "dull and long"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import datasets
 
-from model.bert import IGNORE_INDEX
+from model.shared.outputs import IGNORE_INDEX
 from pipeline.finetuning.fingerprint import cache_key, code_digest
 
 CUT = -1   # word_starts of a word whose first piece did not fit

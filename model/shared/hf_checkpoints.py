@@ -1,0 +1,99 @@
+"""What both architectures' Hugging Face conversions share: reading any transformers checkpoint directory (such as a
+model downloaded from a hub), a task model's labels in its config.json, and a short list of names for an error."""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+
+def short_list(names: list[str], limit: int = 10) -> str:
+    return f"{names[:limit]}{f' and {len(names) - limit} more' if len(names) > limit else ''}"
+
+
+def with_task_labels(values: dict, kind: str, model, id2label: Mapping[int | str, str] | Sequence[str] | None) -> dict:
+    """`values` (a task model's config.json) with its labels, as hf_task_config_dict says, for the task heads of
+    either family. kind: question_answering, sequence_classification, token_classification or multiple_choice."""
+    if kind == "question_answering":
+        if id2label is not None:
+            raise ValueError(f"a question-answering model has no labels (its 2 outputs are the start and end "
+                             f"scores), got id2label {id2label!r}")
+        return values
+    if kind in ("sequence_classification", "token_classification"):
+        names = _label_names(id2label, model.num_labels)
+        if kind == "sequence_classification":
+            # Set, so that transformers does not infer it from the labels' dtype (float labels would make a
+            # classifier "multi_label_classification").
+            values["problem_type"] = "regression" if model.is_regression else "single_label_classification"
+    elif id2label is not None:
+        names = _label_names(id2label, len(id2label))
+    else:
+        return values
+    values["num_labels"] = len(names)
+    values["id2label"] = {str(i): name for i, name in enumerate(names)}  # JSON keys: transformers writes "0"
+    values["label2id"] = {name: i for i, name in enumerate(names)}
+    return values
+
+
+def _label_names(id2label: Mapping[int | str, str] | Sequence[str] | None, num_labels: int) -> list[str]:
+    if id2label is None:
+        return [f"LABEL_{i}" for i in range(num_labels)]
+    if isinstance(id2label, Mapping):
+        by_id = {int(i): str(name) for i, name in id2label.items()}
+        if sorted(by_id) != list(range(num_labels)):
+            raise ValueError(f"id2label must name the ids 0..{num_labels - 1}, got ids {sorted(by_id)}")
+        names = [by_id[i] for i in range(num_labels)]
+    else:
+        names = [str(name) for name in id2label]
+    if len(names) != num_labels:
+        raise ValueError(f"{len(names)} label names for {num_labels} labels: {names}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"label names must be distinct (label2id maps them back): {names}")
+    return names
+
+
+# Where transformers' save_pretrained puts the weights, in the order from_pretrained prefers them.
+HF_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+                    "pytorch_model.bin")
+
+
+def read_hf_checkpoint(directory: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, state dict) of a transformers checkpoint directory, such as a model downloaded from a hub.
+
+    Weights from model.safetensors, a sharded checkpoint's index (*.index.json), or pytorch_model.bin (loaded
+    with weights_only=True: tensors only, no pickled code). The state dict has the checkpoint's own names;
+    encoder_state_from_hf or from_hf_state_dict convert it.
+    """
+    directory = Path(directory)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"no config.json in {directory}: not a transformers checkpoint directory")
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for name in HF_WEIGHT_FILES:
+        path = directory / name
+        if path.is_file():
+            return config, _read_sharded(path) if name.endswith(".index.json") else _read_weights(path)
+    raise FileNotFoundError(f"no PyTorch weights in {directory}: looked for {', '.join(HF_WEIGHT_FILES)}")
+
+
+def _read_sharded(index_file: Path) -> dict[str, torch.Tensor]:
+    weight_map = json.loads(index_file.read_text(encoding="utf-8"))["weight_map"]  # tensor name -> shard file
+    state = {}
+    for shard in sorted(set(weight_map.values())):
+        if not (index_file.parent / shard).is_file():
+            raise FileNotFoundError(f"{index_file} lists the shard {shard}, which is not in {index_file.parent}")
+        state.update(_read_weights(index_file.parent / shard))
+    missing = sorted(weight_map.keys() - state.keys())
+    if missing:
+        raise ValueError(f"{index_file} lists tensors that its shards lack: {short_list(missing)}")
+    return state
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
