@@ -101,6 +101,31 @@ def small_shards(tmp_path_factory, shared_data) -> Path:
     return built_once(tmp_path_factory, "small_shards", [str(book), options], build, leaf="phase1")
 
 
+# A finished 4-step tiny run: checkpoints at steps 2 and 4, last.ckpt, its config record; no export.
+FINISHED_RUN_EXTRA = ("callbacks.checkpoint.every_n_train_steps=2", "export.hf=false", "export.plot=false")
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(small_shards, tmp_path_factory) -> Path:
+    """tiny_run_overrides(small_shards, <run>, 4, *FINISHED_RUN_EXTRA), trained in-process under umask 022 (the
+    mode a plain write then gives, 0644, is what tests/core/test_checkpoint_file_modes.py reads). Three test files
+    read it (the start refusals, the start-over refusals, the file modes): a test that writes into it takes a copy."""
+    def overrides(out: Path) -> list[str]:
+        return tiny_run_overrides(small_shards, out, 4, *FINISHED_RUN_EXTRA)
+
+    def build(out: Path) -> None:
+        from pipeline.core.app import compose
+        from pipeline.pretraining.run import train
+
+        previous = os.umask(0o022)
+        try:
+            train(compose("train", overrides(out)))
+        finally:
+            os.umask(previous)
+
+    return built_once(tmp_path_factory, "finished_tiny_run", overrides(Path("<run>")), build, leaf="run")
+
+
 @pytest.fixture(scope="session")
 def torch_extensions_dir(tmp_path_factory) -> str:
     """DeepSpeed JIT-builds its CPU comm op (~45 s or more) once per session, into this directory."""
