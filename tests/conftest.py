@@ -6,6 +6,7 @@ import pytest
 from hypothesis import settings
 
 from tests.helpers.common_fixtures import one_torch_thread, shared_data  # noqa: F401  (fixtures)
+from tests.helpers.shared_builds import built_once
 from tests.helpers.slurm import SLURM_APT_COMMAND, SLURM_DAEMONS, SlurmCluster
 from tests.helpers.training import run_training_process, tiny_run_overrides
 from tests.helpers.wandb_log import wandb_history
@@ -86,13 +87,43 @@ def small_shards(tmp_path_factory, shared_data) -> Path:
     book = shared_data / "corpora" / "books" / BOOK
     if not book.is_file():
         pytest.skip(f"{book} not found")
-    inputs = tmp_path_factory.mktemp("books")
-    shutil.copy(book, inputs / BOOK)
-    out = tmp_path_factory.mktemp("shards") / "phase1"
-    from data_prep.run import run
-    run([f"inputs=[{{path: '{inputs}/*.txt', format: books}}]", f"output_dir={out}", "preset=phase1",
-         "num_shards=2", "dupe_factor=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
-    return out
+    options = ["preset=phase1", "num_shards=2", "dupe_factor=1", "--runner=DirectRunner",
+               "--direct_running_mode=in_memory"]
+
+    def build(out: Path) -> None:
+        from data_prep.run import run
+        inputs = out.parent / "books"
+        inputs.mkdir()
+        shutil.copy(book, inputs / BOOK)
+        run([f"inputs=[{{path: '{inputs}/*.txt', format: books}}]", f"output_dir={out}", *options])
+
+    # read by ~50 test files: built once for the session's workers together (tests/helpers/shared_builds.py)
+    return built_once(tmp_path_factory, "small_shards", [str(book), options], build, leaf="phase1")
+
+
+# A finished 4-step tiny run: checkpoints at steps 2 and 4, last.ckpt, its config record; no export.
+FINISHED_RUN_EXTRA = ("callbacks.checkpoint.every_n_train_steps=2", "export.hf=false", "export.plot=false")
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(small_shards, tmp_path_factory) -> Path:
+    """tiny_run_overrides(small_shards, <run>, 4, *FINISHED_RUN_EXTRA), trained in-process under umask 022 (the
+    mode a plain write then gives, 0644, is what tests/core/test_checkpoint_file_modes.py reads). Three test files
+    read it (the start refusals, the start-over refusals, the file modes): a test that writes into it takes a copy."""
+    def overrides(out: Path) -> list[str]:
+        return tiny_run_overrides(small_shards, out, 4, *FINISHED_RUN_EXTRA)
+
+    def build(out: Path) -> None:
+        from pipeline.core.app import compose
+        from pipeline.pretraining.run import train
+
+        previous = os.umask(0o022)
+        try:
+            train(compose("train", overrides(out)))
+        finally:
+            os.umask(previous)
+
+    return built_once(tmp_path_factory, "finished_tiny_run", overrides(Path("<run>")), build, leaf="run")
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +154,15 @@ def read_wandb_history():
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A tiny BERT at random initialisation, exported as a Hugging Face directory with BERT's uncased vocabulary:
     what `init=` takes for a downloaded bert-base-uncased, at a size that trains in seconds."""
-    import torch
+    def build(out: Path) -> None:
+        import torch
 
-    from model import BertConfig, BertForPreTraining
-    from model.bert.hf_files import export_hf
+        from model import BertConfig, BertForPreTraining
+        from model.bert.hf_files import export_hf
 
-    torch.manual_seed(0)
-    model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=128))
-    vocab = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
-    return export_hf(model, tmp_path_factory.mktemp("tiny_bert") / "hf", vocab)
+        torch.manual_seed(0)
+        model = BertForPreTraining(BertConfig.from_preset("tiny", vocab_size=30522, max_position_embeddings=128))
+        vocab = REPO_ROOT / "data_prep" / "vocab" / "bert-base-uncased-vocab.txt"
+        assert Path(export_hf(model, out, vocab)) == out
+
+    return built_once(tmp_path_factory, "tiny_bert", "tiny seed 0, vocab 30522, positions 128", build, leaf="hf")

@@ -107,7 +107,7 @@ class ModernBertForQuestionAnswering(_ModernBertTask):
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> TaskOutput:
         """input_ids, attention_mask: (B, T); token_type_ids ignored; labels: (B, 2) the answer's start and end
-        token positions (model.heads.span_loss)."""
+        token positions (model.shared.losses.span_loss)."""
         sequence = self.encoder(input_ids, attention_mask).sequence_output  # (B, T, C)
         logits = self.scores(sequence)  # (B, T, 2): [..., 0] start, [..., 1] end
         return TaskOutput(logits=logits, loss=None if labels is None else span_loss(logits, labels))

@@ -106,7 +106,7 @@ def hf_config_from(config: ModernBertConfig, **hf_kwargs):
 
 def hf_task_config_dict(model: TaskModel, id2label: Mapping[int | str, str] | Sequence[str] | None = None) -> dict:
     """The config.json of a fine-tuned transformers model of our task model's class; id2label as for the BERT heads'
-    (model.hf_conversion.hf_task_config_dict): label names for the classifiers, none for question answering."""
+    (model.bert.hf_conversion.hf_task_config_dict): label names for the classifiers, none for question answering."""
     _check_task_model(model)
     values = {**hf_config_dict(model.config), "architectures": [type(model).__name__]}
     kind = {ModernBertForQuestionAnswering: "question_answering",

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.app import compose
 from pipeline.core.checkpoints.atomic_files import atomic_file, write_atomically
-from pipeline.pretraining.run import train
 from tests.helpers.training import tiny_run_overrides
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,13 +56,11 @@ def test_atomic_writes_take_the_umask(tmp_path, mask, expected):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(small_shards, tmp_path_factory):
-    """A 4-step run (checkpoints at steps 2 and 4, last.ckpt), written under umask 022."""
-    out = tmp_path_factory.mktemp("modes") / "run"
-    with umask(0o022):
-        train(compose("train", tiny_run_overrides(small_shards, out, 4, "callbacks.checkpoint.every_n_train_steps=2",
-                                                  "export.hf=false", "export.plot=false")))
-    return out
+def tiny_run(finished_tiny_run):
+    """A 4-step run (checkpoints at steps 2 and 4, last.ckpt), written under umask 022: the session's
+    (tests/conftest.py: tiny_run_overrides(small_shards, <run>, 4, "callbacks.checkpoint.every_n_train_steps=2",
+    "export.hf=false", "export.plot=false")), read only."""
+    return finished_tiny_run
 
 
 def test_a_runs_checkpoints_are_readable_by_its_group(tiny_run):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, shared_books_set
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ if __name__ == "__main__":     # (spawn and the forkserver run this file again, 
 @pytest.fixture(scope="module")
 def books_set(tmp_path_factory, shared_data):
     books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    return cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
+    return shared_books_set(tmp_path_factory, "static", books)
 
 
 @pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])

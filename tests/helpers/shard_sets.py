@@ -6,6 +6,8 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from tests.helpers.shared_builds import built_once
+
 SMALL_BOOKS = ("chesterton-thursday.txt", "chesterton-brown.txt")   # of the shared books, the two shortest: ~1,500 rows
 
 
@@ -25,9 +27,8 @@ def build_books_set(output_dir: str | Path, books: Iterable[str | Path], *overri
                 "--runner=DirectRunner", "--direct_running_mode=in_memory"])
 
 
-def cached_books_set(root: str | Path, name: str, books: Iterable[str | Path], *overrides: str) -> Path:
-    """build_books_set into root/name unless a finished set is already there (tests share one per session)."""
-    output_dir = Path(root) / name
-    if not (output_dir / "manifest.json").exists():
-        build_books_set(output_dir, books, *overrides)
-    return output_dir
+def shared_books_set(tmp_path_factory, name: str, books: Iterable[str | Path], *overrides: str) -> Path:
+    """build_books_set, once for the whole test run (the workers of a pytest-xdist run together: shared_builds.py)."""
+    books = [Path(book) for book in books]
+    return built_once(tmp_path_factory, f"books-{name}", [[str(book) for book in books], list(overrides)],
+                      lambda out: build_books_set(out, books, *overrides), leaf=name)

@@ -189,7 +189,7 @@ def test_model_package_needs_no_transformers():
     code = (
         "import sys; sys.modules['transformers'] = None; sys.modules['safetensors'] = None\n"
         "import torch; torch.set_num_threads(1)\n"
-        "import model, model.hf_conversion\n"
+        "import model, model.bert.hf_conversion\n"
         "m = model.BertForPreTraining(model.BertConfig.from_preset('tiny', vocab_size=100))\n"
         "ids = torch.randint(0, 100, (2, 8))\n"
         "m(ids, None, None, torch.zeros(2, 1, dtype=torch.long), ids[:, :1], ids[:, 0] % 2).loss.backward()\n"

@@ -2,11 +2,13 @@
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, shared_books_set
+from tests.helpers.shared_builds import built_once
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +22,7 @@ def regrouped_set(tmp_path_factory, shared_data):
     from pipeline.pretraining.data.shard_set import ShardSet
 
     books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    source = cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
+    source = shared_books_set(tmp_path_factory, "static", books)
     target = tmp_path_factory.mktemp("regrouped")
     for name in ("vocab.txt", "tokenizer.json"):
         shutil.copy(source / name, target / name)
@@ -46,10 +48,12 @@ def regrouped_set(tmp_path_factory, shared_data):
 def wiki_shards(tmp_path_factory, shared_data):
     """A phase-1 shard set made by the real data job from the real Wikipedia sample: short articles make rows of
     many lengths (every row of a book's set has 128 tokens), so batches of one row have different widths."""
-    from data_prep.run import run
-
     dump = next((shared_data / "corpora" / "wikipedia").glob("enwiki-*.xml-*.bz2"))
-    out = tmp_path_factory.mktemp("wiki") / "phase1"
-    run([f"inputs=[{{path: '{dump}', format: wikipedia}}]", f"output_dir={out}", "preset=phase1", "num_shards=2",
-         "dupe_factor=1", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
-    return out
+    options = ["preset=phase1", "num_shards=2", "dupe_factor=1", "--runner=DirectRunner",
+               "--direct_running_mode=in_memory"]
+
+    def build(out: Path) -> None:
+        from data_prep.run import run
+        run([f"inputs=[{{path: '{dump}', format: wikipedia}}]", f"output_dir={out}", *options])
+
+    return built_once(tmp_path_factory, "wiki_shards", [str(dump), options], build, leaf="phase1")

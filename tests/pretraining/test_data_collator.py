@@ -11,13 +11,12 @@ from pipeline.pretraining.data.collator import PretrainingCollator, dynamic_mask
 from pipeline.pretraining.data.epoch_plan import Piece
 from pipeline.pretraining.data.rows import RowGroupReader
 from pipeline.pretraining.data.shard_set import ShardSet
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, shared_books_set
 
 
 def books_set(tmp_path_factory, shared_data, masking):
     books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    root = tmp_path_factory.getbasetemp() / "pipeline-data-sets"
-    return ShardSet.open(cached_books_set(root, masking, books, f"masking={masking}"), max_seq_length=128,
+    return ShardSet.open(shared_books_set(tmp_path_factory, masking, books, f"masking={masking}"), max_seq_length=128,
                          vocab_size=30522)
 
 

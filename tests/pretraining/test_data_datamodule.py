@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, shared_books_set
 
 pl = pytest.importorskip("pytorch_lightning")
 from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="session")
 def static_set(tmp_path_factory, shared_data):
     books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    return cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
+    return shared_books_set(tmp_path_factory, "static", books)
 
 
 class BatchRecorder(pl.LightningModule):

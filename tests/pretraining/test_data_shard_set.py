@@ -5,13 +5,13 @@ import shutil
 import pytest
 
 from pipeline.pretraining.data.shard_set import ShardSet
-from tests.helpers.shard_sets import SMALL_BOOKS, cached_books_set
+from tests.helpers.shard_sets import SMALL_BOOKS, shared_books_set
 
 
 @pytest.fixture(scope="session")
 def static_set(tmp_path_factory, shared_data):
     books = [shared_data / "corpora" / "books" / name for name in SMALL_BOOKS]
-    return cached_books_set(tmp_path_factory.getbasetemp() / "pipeline-data-sets", "static", books)
+    return shared_books_set(tmp_path_factory, "static", books)
 
 
 def edited_copy(source, target, edit):

@@ -49,9 +49,9 @@ def refusal_of(overrides: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def finished_run(small_shards, tmp_path_factory, tiny_overrides) -> Path:
-    out = tmp_path_factory.mktemp("finished") / "run"
-    train(compose("train", settings(small_shards, out, tiny_overrides)))
+def finished_run(finished_tiny_run) -> Path:
+    """settings(...)'s run: the session's (tests/conftest.py), read only."""
+    out = finished_tiny_run
     assert sorted(p.name for p in (out / "checkpoints").glob("*.ckpt")) == list(CHECKPOINTS)
     assert (out / "run_config.json").is_file()
     return out

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.app import compose
 from pipeline.core.cluster.run_dir_lock import LOCK_NAME
-from pipeline.pretraining.run import train
 from tests.core.test_checkpoint_file_modes import as_a_user_without_read_override
 from tests.helpers.training import tiny_run_overrides
 
@@ -30,11 +28,10 @@ EXTRA = ("callbacks.checkpoint.every_n_train_steps=2", "export.hf=false", "expor
 
 
 @pytest.fixture(scope="module")
-def finished_run(small_shards, tmp_path_factory) -> Path:
-    """A finished 4-step run: checkpoints at steps 2 and 4, last.ckpt, its config record."""
-    out = tmp_path_factory.mktemp("refusals") / "run"
-    train(compose("train", tiny_run_overrides(small_shards, out, 4, *EXTRA)))
-    return out
+def finished_run(finished_tiny_run) -> Path:
+    """A finished 4-step run: checkpoints at steps 2 and 4, last.ckpt, its config record (the session's, read only:
+    tiny_run_overrides(small_shards, <run>, 4, *EXTRA), tests/conftest.py)."""
+    return finished_tiny_run
 
 
 def run(command: list[str], **env: str) -> subprocess.CompletedProcess:
