@@ -120,3 +120,31 @@ def test_packed_batch_trains_as_the_unpacked_batch(wiki_set, rows, unpad):
 def test_pair_packing_and_document_layout_exclude_each_other(wiki_set):
     with pytest.raises(ValueError, match="one or the other"):
         PretrainingCollator.for_shard_set(wiki_set, max_pairs_per_row=3, document_layout=True)
+
+
+@pytest.mark.parametrize("stream", ["epochs", "batch_warmup"])
+def test_the_loaders_pack_each_micro_batch_of_the_same_rows(wiki_set, stream):
+    """Through PretrainingDataset and, under batch warm-up, StepStreamDataset: each packed micro-batch holds exactly
+    the rows of the unpacked one (the packing window is the micro-batch: epoch plan, resume and ramp unchanged)."""
+    from pipeline.pretraining.data.batch_warmup import BatchWarmup
+    from pipeline.pretraining.data.dataset import PretrainingDataset
+    from pipeline.pretraining.data.step_stream import StepStreamDataset
+
+    warmup = BatchWarmup(tokens=2 * 8 * 128, start_batch_size=8, increment=8, full_batch_size=16, tokens_per_row=128)
+
+    def batches(max_pairs_per_row):
+        if stream == "epochs":
+            dataset = PretrainingDataset(wiki_set, 16, return_row_index=True, max_pairs_per_row=max_pairs_per_row)
+        else:
+            dataset = StepStreamDataset(wiki_set, warmup, 1, return_row_index=True,
+                                        max_pairs_per_row=max_pairs_per_row)
+        return [batch for _, batch in zip(range(6), iter(dataset))]
+
+    unpacked, packed = batches(None), batches(3)
+    sizes = [16] * 6 if stream == "epochs" else [warmup.batch_size(step) for step in range(6)]
+    assert [len(b["input_ids"]) for b in unpacked] == sizes and (stream == "epochs" or sizes[0] < sizes[-1])
+    for one_per_row, pairs in zip(unpacked, packed):
+        index = pairs["row_index"][pairs["row_index"] >= 0]
+        assert sorted(index.tolist()) == sorted(one_per_row["row_index"].tolist())
+        assert int(pairs["attention_mask"].sum()) == int(one_per_row["attention_mask"].sum())
+    assert sum(len(b["input_ids"]) for b in packed) < sum(len(b["input_ids"]) for b in unpacked)
