@@ -126,3 +126,27 @@ def mlm_only_shards(tmp_path_factory, shared_data):
              "objective=mlm", "masking=dynamic", "dupe_factor=1", "num_shards=1", "masked_lm_prob=0.3",
              "max_predictions_per_seq=38", "--runner=DirectRunner", "--direct_running_mode=in_memory"])
     return out
+
+
+@pytest.mark.slow
+def test_under_deepspeed_packed_rows_train_as_unpacked(wiki_shards, tmp_path, tiny_overrides, torch_extensions_dir,
+                                                       monkeypatch):
+    """ZeRO-2 on the CPU, each run a process of its own as users start it: DeepSpeed's engine takes the packed passes'
+    varying row counts, and without dropout the logged losses and accuracies are the unpacked run's."""
+    from pipeline.core.run.loggers import csv_metrics_path
+    from tests.helpers.training import run_training_process
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", torch_extensions_dir)
+    deepspeed = ("strategy=deepspeed_stage_2", "optimizer=adamw", "optimizer.lr=1e-4", "data.micro_batch_size=8",
+                 "export.hf=false", "export.plot=false", "callbacks.checkpoint.every_n_train_steps=0", *NO_DROPOUT)
+    logged_runs = {}
+    for name, extra in {"unpacked": (), "packed": ("data.packing=true",)}.items():
+        out = tmp_path / name
+        done = run_training_process(tiny_overrides(wiki_shards, out, STEPS, *deepspeed, *extra), timeout=600)
+        assert done.returncode == 0 and f"FINAL_STEP {STEPS}" in done.stdout, done.stderr[-3000:]
+        with open(csv_metrics_path(out), newline="") as handle:
+            logged_runs[name] = [row for row in csv.DictReader(handle) if row.get("train/loss")]
+    assert len(logged_runs["packed"]) == len(logged_runs["unpacked"]) == STEPS // 2
+    for metric in ("train/loss", "train/mlm_acc", "train/nsp_acc"):
+        packed = [float(row[metric]) for row in logged_runs["packed"]]
+        assert packed == pytest.approx([float(row[metric]) for row in logged_runs["unpacked"]], rel=1e-5), metric
