@@ -9,7 +9,8 @@ run packs with, and the combinations refused before anything starts, each saying
   the 9th row count); CUDA graphs (which need compile) capture one shape. Packed rows run eager.
 - A shard set without sentence pairs (objective=mlm): its rows are full packed documents, with nothing to pack.
 data.unpad with packing is supported: the layers then run on the packed rows' real tokens (tests/model/
-test_bert_packing.py, tests/pretraining/test_pair_packing.py).
+test_bert_packing.py, tests/pretraining/test_pair_packing.py); so are batch warm-up and DeepSpeed ZeRO-2, tested on the
+CPU (tests/pretraining/test_pair_packing.py, test_packed_training.py).
 """
 from __future__ import annotations
 
