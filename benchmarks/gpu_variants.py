@@ -3,6 +3,7 @@
     python benchmarks/gpu_variants.py --shards-128 <set>           # the levers (below), 1 round, at most 8 minutes
     python benchmarks/gpu_variants.py --cpu                        # the same code paths at tiny sizes (a test in CI)
     python benchmarks/gpu_variants.py --variant workers_4=data.num_workers=4 --rounds 3
+    python benchmarks/gpu_variants.py --phase2                     # the row at seq 512: packing against unpacked
     bash infra/gpu/device_run.sh                                   # on a bare GPU machine: wheels, then this
 
 Every run is gpu_check.py's `pretrain-128-ddp` row (BERT-Large, seq 128, one process, the recipe's LAMB, bf16-mixed,
@@ -102,6 +103,39 @@ def modernbert_overrides(cpu: bool, shards: Path) -> tuple[str, ...]:
             "optimizer=adamw", "optimizer.lr=8e-4")
 
 
+# --phase2 (issue 48, item 4): the same row at seq 512 on phase-2 shards, the baseline included, so that every ratio is
+# against unpacked phase 2; its variants are MLPerf-style packing of the sentence pairs (data.packing: each pass's pairs
+# packed into fewer rows, pipeline/pretraining/data/pair_packing.py), alone and with data.unpad, and data.unpad alone.
+# The packing window is the pass: 32 pairs here (the bundled phase-2 sample's real-token share of the rows goes from
+# 0.772 to 0.958 at 32, benchmarks/bench_pair_packing.py), 4 passes a step. sequences/s counts pairs, not rows
+# (pipeline/core/speed/throughput.py). Packing runs eager (compile is refused with it): the rows compare eager.
+PHASE2_LEVERS = {
+    "packed": ("data.packing=true",),
+    "packed_unpadded": ("data.packing=true", "data.unpad=true"),
+    "unpadded": ("data.unpad=true",),
+}
+PHASE2_EXPECTED_S: dict[str, tuple[float, str]] = {
+    BASELINE: (90, "estimate: 40 steps of 128 sequences at seq 512, eager"),
+    "unpadded": (90, "estimate: the phase-2 baseline's"),
+    "packed": (80, "estimate: the phase-2 baseline's, ~20% fewer rows"),
+    "packed_unpadded": (80, "estimate: the phase-2 baseline's, ~20% fewer rows"),
+}
+
+
+def phase2_overrides(cpu: bool, shards: Path) -> tuple[str, ...]:
+    """What --phase2 adds to every run of the row, the baseline's included: seq 512, 80 predictions, 32 x 4."""
+    micro, accumulation = (2, 2) if cpu else (32, 4)
+    return (f"data.path={shards}", "data.max_seq_length=512", "data.max_predictions_per_seq=80",
+            f"data.micro_batch_size={micro}", f"data.global_batch_size={micro * accumulation}")
+
+
+def own_phase2_shards(work: Path, cpu: bool) -> Path:
+    """gpu_check's own seq-512 set (the bundled phase-2 sample on a GPU machine, one of its books on the CPU)."""
+    target = work / "shards512"
+    make_shards(CPU if cpu else GPU, target, 512)
+    return target
+
+
 def default_variants(cpu: bool, modern_shards: Path) -> dict[str, tuple[str, ...]]:
     levers = {name: overrides for name, overrides in LEVERS.items() if not (cpu and name in GPU_ONLY)}
     return {**levers, MODERNBERT: modernbert_overrides(cpu, modern_shards)}
@@ -154,20 +188,25 @@ def own_modern_shards(work: Path, cpu: bool) -> Path:
     return target
 
 
-def expected_cost(name: str, cpu: bool, last_took: float | None) -> tuple[float, str]:
-    """(seconds, where the figure comes from): the variant's own last run in this invocation, else EXPECTED_S (a
-    tenth of it on the CPU, where the rehearsal's runs are tiny)."""
+def expected_cost(name: str, cpu: bool, last_took: float | None,
+                  expected: dict[str, tuple[float, str]] = EXPECTED_S) -> tuple[float, str]:
+    """(seconds, where the figure comes from): the variant's own last run in this invocation, else `expected`
+    (EXPECTED_S, or PHASE2_EXPECTED_S under --phase2; a tenth of it on the CPU, where the rehearsal's runs are tiny)."""
     if last_took is not None:
         return last_took, "its last run here"
-    seconds, source = EXPECTED_S.get(name, UNKNOWN_S)
+    seconds, source = expected.get(name, UNKNOWN_S)
     return (seconds / 10, f"{source}, a tenth on the CPU") if cpu else (seconds, source)
 
 
-def first_round_order(names: list[str], cpu: bool) -> list[str]:
+def first_round_order(names: list[str], cpu: bool, expected: dict[str, tuple[float, str]] = EXPECTED_S) -> list[str]:
     """The baseline first (the ratios need it), then the variants cheapest first (a stable sort: ties keep their
     order)."""
-    rest = sorted((n for n in names if n != BASELINE), key=lambda n: expected_cost(n, cpu, None)[0])
+    rest = sorted((n for n in names if n != BASELINE), key=lambda n: expected_cost(n, cpu, None, expected)[0])
     return [BASELINE, *rest] if BASELINE in names else rest
+
+
+def expected_table(args: argparse.Namespace) -> dict[str, tuple[float, str]]:
+    return PHASE2_EXPECTED_S if getattr(args, "phase2", False) else EXPECTED_S
 
 
 def run_variant(name: str, overrides: tuple[str, ...], round_index: int, work: Path, shards: Path,
@@ -176,7 +215,7 @@ def run_variant(name: str, overrides: tuple[str, ...], round_index: int, work: P
     print(f"[round {round_index + 1}] {name}: {' '.join(overrides) or '(no overrides)'}", flush=True)
     if args.budget is not None:
         left = args.budget - (time.perf_counter() - started)
-        expected, source = expected_cost(name, args.cpu, last_took)
+        expected, source = expected_cost(name, args.cpu, last_took, expected_table(args))
         if left < max(expected, MIN_ROW_S):   # it would be stopped before its end (gpu_check starts none under 30 s)
             print(f"  not run: {max(left, 0):.0f} s left, expected {expected:.0f} s ({source})", flush=True)
             return {"error": f"not started: {max(left, 0):.0f} s of the budget left, expected {expected:.0f} s "
@@ -254,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the table (gpu_variants.md) and the runs' log (rows.log) go (default: --workdir)")
     parser.add_argument("--shards-128", type=Path, help="a phase-1 shard set (default: gpu_check's, made here)")
     parser.add_argument("--shards-modern", type=Path, help="the ModernBERT row's shard set (default: made here)")
+    parser.add_argument("--phase2", action="store_true",
+                        help="the row at seq 512 (the baseline too); default variants: packing's (PHASE2_LEVERS)")
+    parser.add_argument("--shards-512", type=Path, help="--phase2's shard set (default: gpu_check's, made here)")
     parser.add_argument("--variant", type=variant, action="append", metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                         help="a variant to compare with the baseline (repeatable; default: the levers, "
                              + "; ".join(f"{k}={','.join(v)}" for k, v in LEVERS.items()) + ")")
@@ -274,18 +316,28 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or args.workdir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     table_file, log = out / "gpu_variants.md", out / "rows.log"
-    shards = args.shards_128.resolve() if args.shards_128 else own_shards(work, args.cpu)
+    row_overrides: tuple[str, ...] = ()   # --phase2: added to every run, before its variant's
+    if args.phase2:
+        shards = args.shards_512.resolve() if args.shards_512 else own_phase2_shards(work, args.cpu)
+        row_overrides = phase2_overrides(args.cpu, shards)
+    else:
+        shards = args.shards_128.resolve() if args.shards_128 else own_shards(work, args.cpu)
     if args.variant:
         chosen = dict(args.variant)
+    elif args.phase2:
+        chosen = dict(PHASE2_LEVERS)
     else:
         modern = args.shards_modern.resolve() if args.shards_modern else own_modern_shards(work, args.cpu)
         chosen = default_variants(args.cpu, modern)
     variants = {BASELINE: (), **chosen}
     command = "python benchmarks/gpu_variants.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"command: {command}", flush=True)
-    first = first_round_order(list(variants), args.cpu)
-    table_file.write_text(f"{time.strftime('%Y-%m-%d %H:%M')}; torch {torch.__version__}; `{command}`; the `{ROW}` "
-                          f"row of gpu_check.py; budget {args.budget if args.budget is not None else 'none'} s; "
+    first = first_round_order(list(variants), args.cpu, expected_table(args))
+    row = f"the `{ROW}` row of gpu_check.py"
+    if row_overrides:
+        row += f" with {' '.join(row_overrides)} in every run"
+    table_file.write_text(f"{time.strftime('%Y-%m-%d %H:%M')}; torch {torch.__version__}; `{command}`; {row}; "
+                          f"budget {args.budget if args.budget is not None else 'none'} s; "
                           f"{args.rounds} rounds; first round's order: {', '.join(first)}\n\n"
                           f"Each run, as it ended (the runs' output: {log.name}):\n\n{RUN_COLUMNS}\n")
     results: dict[str, list[dict]] = {name: [] for name in variants}
@@ -294,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     for round_index in range(args.rounds):
         for name in round_order(first, round_index):
             began = time.perf_counter()
-            expected = expected_cost(name, args.cpu, took.get(name))
-            result = run_variant(name, variants[name], round_index, work, shards, args, started, took.get(name), log)
+            expected = expected_cost(name, args.cpu, took.get(name), expected_table(args))
+            result = run_variant(name, (*row_overrides, *variants[name]), round_index, work, shards, args, started,
+                                 took.get(name), log)
             if "error" not in result:
                 took[name] = time.perf_counter() - began
                 if name == BASELINE:

@@ -5,7 +5,8 @@
 #   bash infra/gpu/device_run.sh --cpu           # the CPU rehearsal of the same path (tests/infra/test_device_run.py)
 #
 # .device/ is made here first by `python infra/gpu/prepare_device_run.py` (wheels for the image's Python 3.12, their
-# lock, the shard sets). Any further arguments go to benchmarks/gpu_variants.py (--variant, --rounds...).
+# lock, the shard sets). Any further arguments go to benchmarks/gpu_variants.py (--variant, --rounds, --phase2: the
+# row at seq 512 with packing's variants, on the carried shards512 where there is one).
 # What comes back, under $OUT (the device tool's folder; outputs/device_run elsewhere), at most 8 files:
 #   device_run.log   this script's own output (the device, the install, each run's start and end)
 #   install.log      pip's output
@@ -56,8 +57,11 @@ if (( BUDGET <= 0 )); then
     echo "no time left for a run: ${LEFT} s of ${TOTAL_S} s"; exit 1
 fi
 echo "gpu_variants: budget ${BUDGET} s, stopped outright after ${LEFT} s"
+SHARDS_512=""
+[[ -d "$DEVICE_DIR/shards512" ]] && SHARDS_512="$DEVICE_DIR/shards512"
 timeout --signal=TERM --kill-after=5 "$LEFT" "$PYTHON" benchmarks/gpu_variants.py \
     --shards-128 "$DEVICE_DIR/shards128" --shards-modern "$DEVICE_DIR/shards_modern" \
+    ${SHARDS_512:+--shards-512 "$SHARDS_512"} \
     --workdir "$WORKDIR" --out "$OUT" --budget "$BUDGET" "$@"
 STATUS=$?
 echo "device_run: gpu_variants exit ${STATUS}, $(( $(date +%s) - STARTED )) s in all; table: $OUT/gpu_variants.md"

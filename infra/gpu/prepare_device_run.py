@@ -1,13 +1,13 @@
 """Everything a device run carries, made here: the wheels the GPU image lacks, and the shard sets.
 
-    python infra/gpu/prepare_device_run.py          # .device/: wheels/, shards128/, shards_modern/; prints the sizes
+    python infra/gpu/prepare_device_run.py          # .device/: wheels/, shards128/, shards512/, shards_modern/
 
 Then, with the device tool: run(command="bash infra/gpu/device_run.sh", carry=[".device"], timeout_s=600).
-The shard sets are gpu_check's and gpu_variants' GPU sets (the bundled sample at seq 128, 2 copies; the sample as
-ModernBERT's MLM rows of 1,024 tokens), made by data_prep as those scripts would make them there. What travels, the
-working tree (tracked files and untracked ones git does not ignore) with this folder, must stay within the device's
-64 MiB: this prints both sizes and refuses more, naming the working tree's largest files (a run refused for size
-there costs the lease's minutes).
+The shard sets are gpu_check's and gpu_variants' GPU sets (the bundled sample at seq 128, 2 copies; at seq 512, 2
+copies, for `gpu_variants.py --phase2`; the sample as ModernBERT's MLM rows of 1,024 tokens), made by data_prep as
+those scripts would make them there. What travels, the working tree (tracked files and untracked ones git does not
+ignore) with this folder, must stay within the device's 64 MiB: this prints both sizes and refuses more, naming the
+working tree's largest files (a run refused for size there costs the lease's minutes).
 """
 from __future__ import annotations
 
@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     # DeepSpeed's and antlr4's, get a new sha256 at each build: the lock in .device/wheels is the one the run checks).
     (HERE / f"device-wheels.py{args.python_version}.lock").write_text((dest / "wheels" / LOCK_NAME).read_text())
     print(describe(lock), f"lock: {dest / 'wheels' / LOCK_NAME}", sep="\n")
-    from gpu_variants import own_modern_shards, own_shards  # data_prep (Beam) runs here, not there
+    from gpu_variants import own_modern_shards, own_phase2_shards, own_shards  # data_prep (Beam) runs here
 
-    for made in (own_shards(dest, cpu=False), own_modern_shards(dest, cpu=False)):
+    for make in (own_shards, own_phase2_shards, own_modern_shards):
+        made = make(dest, cpu=False)
         print(f"{made.name}: {folder_bytes(made) / 2**20:.2f} MiB")
     carried = folder_bytes(dest) / 2**20
     tree = working_tree_files()

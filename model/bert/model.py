@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.bert.config import BertConfig
+from model.shared.document_masks import document_attention_mask, token_documents
 from model.shared.dropout import dropout
 from model.shared.losses import classification_loss
 from model.shared.outputs import EncoderOutput, PreTrainingOutput
@@ -50,14 +51,16 @@ class Embeddings(nn.Module):
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout_p = config.hidden_dropout
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """position_ids (B, T): packed rows' positions, restarting at 0 at each pair; default 0..T-1 for every row."""
         T = input_ids.shape[1]
         if T > self.position_embeddings.num_embeddings:
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
                              f"({self.position_embeddings.num_embeddings})")
-        positions = torch.arange(T, device=input_ids.device)  # (T,)
+        positions = torch.arange(T, device=input_ids.device) if position_ids is None else position_ids  # (T,), (B, T)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # (B, T, C)
-        x = x + self.position_embeddings(positions)  # broadcast over the batch
+        x = x + self.position_embeddings(positions)  # (T, C) broadcasts over the batch
         return dropout(residual_stream(self.layer_norm(x)), self.dropout_p, self.training)
 
 
@@ -149,8 +152,13 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, C)
+    def forward(self, sequence_output: torch.Tensor, cls_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C) from each row's first token; with cls_positions (B, K), a packed row's K pairs' [CLS] positions,
+        (B, K, C)."""
+        if cls_positions is None:
+            return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, C)
+        index = cls_positions.long().unsqueeze(-1).expand(-1, -1, sequence_output.shape[-1])  # (B, K, C)
+        return torch.tanh(self.dense(torch.gather(sequence_output, 1, index)))  # (B, K, C)
 
 
 class MaskedLMHead(nn.Module):
@@ -191,6 +199,16 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
+def attention_mask_for(attention_mask: torch.Tensor | None,
+                       document_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The boolean mask every layer attends with: (B, 1, 1, T) over the keys for rows of one sequence each, or for
+    packed rows (document_ids: the pair of each token) (B, 1, T, T), block-diagonal, so that each pair attends to
+    itself alone, as in a row of its own (model/shared/document_masks.py)."""
+    if document_ids is None:
+        return key_padding_mask(attention_mask)
+    return document_attention_mask(token_documents(attention_mask, document_ids))
+
+
 def key_padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """(B, T) with 1 for tokens and 0 for padding -> (B, 1, 1, T) boolean, True where a key may be attended to.
 
@@ -220,15 +238,23 @@ class BertModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, output_hidden_states: bool = False,
-                token_index: torch.Tensor | None = None) -> EncoderOutput:
+                token_index: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cls_positions: torch.Tensor | None = None) -> EncoderOutput:
         """input_ids, token_type_ids (0 = segment A, 1 = B; default all 0), attention_mask (1 = token,
         0 = padding; default no padding): all (B, T). token_index (N,): the layers compute on these tokens only
-        (flat indices b * T + t, from the collator; model/shared/unpadding.py), their states are zeros elsewhere."""
+        (flat indices b * T + t, from the collator; model/shared/unpadding.py), their states are zeros elsewhere.
+
+        Packed rows (several sentence pairs per row, Krell et al. 2021): document_ids (B, T) the pair of each token
+        in its row (0, 0, ..., 1, 1, ...; -1 at padding), position_ids (B, T) its position within its pair, and
+        cls_positions (B, K) where each pair's [CLS] is (padding slots: any position); the pooled output is then
+        (B, K, C), one per pair. Each pair is encoded as it would be in a row of its own."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = key_padding_mask(attention_mask)
+        if attention_mask is None and document_ids is not None:
+            attention_mask = (document_ids >= 0).long()  # padding marked by document -1 alone
+        mask = attention_mask_for(attention_mask, document_ids)
         unpadded = UnpaddedLayout.of(token_index, input_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids)  # (B, T, C)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, C)
         hidden_states = [x] if output_hidden_states else None
         x = x if unpadded is None else unpadded.unpad(x)  # (N, C)
         for layer in self.layers:
@@ -236,7 +262,7 @@ class BertModel(nn.Module):
             if hidden_states is not None:
                 hidden_states.append(x if unpadded is None else unpadded.pad(x))
         x = x if unpadded is None else unpadded.pad(x)  # (B, T, C)
-        pooled = self.pooler(x) if self.pooler is not None else None  # (B, C)
+        pooled = self.pooler(x, cls_positions) if self.pooler is not None else None  # (B, C), or (B, K, C) packed
         return EncoderOutput(sequence_output=x, pooled_output=pooled,
                              hidden_states=tuple(hidden_states) if hidden_states is not None else None)
 
@@ -269,7 +295,9 @@ class BertForPreTraining(nn.Module):
                 attention_mask: torch.Tensor | None = None, masked_positions: torch.Tensor | None = None,
                 masked_lm_labels: torch.Tensor | None = None,
                 next_sentence_labels: torch.Tensor | None = None,
-                token_index: torch.Tensor | None = None) -> PreTrainingOutput:
+                token_index: torch.Tensor | None = None, document_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                cls_positions: torch.Tensor | None = None) -> PreTrainingOutput:
         """input_ids, token_type_ids, attention_mask: (B, T), as for BertModel.
 
         masked_positions: (B, P) positions to predict; only there are the MLM logits computed. Padding slots
@@ -279,8 +307,19 @@ class BertForPreTraining(nn.Module):
         next_sentence_labels: (B,) 0 = B follows A, 1 = B is random (refused without the next-sentence head).
         Without masked_positions the MLM logits cover every position, (B, T, V).
         token_index (N,): unpadding (model/shared/unpadding.py), as for BertModel.
+
+        Packed rows (document_ids, position_ids, cls_positions as for BertModel): masked_positions are positions in
+        the packed row, every pair's together; next_sentence_labels is (B, K), one per pair at cls_positions, -100 in
+        the slots of a row with fewer than K pairs; nsp_logits is (B, K, 2). The losses are the unpacked batch's:
+        the MLM loss is the mean over every scored position of the batch and the NSP loss the mean over every pair
+        of the batch (the slots labelled -100 take no part), so the same pairs, packed or one per row, give the same
+        losses, accuracies and gradients (tests/model/test_bert_packing.py).
         """
-        encoded = self.bert(input_ids, token_type_ids, attention_mask, token_index=token_index)
+        if document_ids is not None and next_sentence_labels is not None and cls_positions is None:
+            raise ValueError("packed rows (document_ids) with next_sentence_labels need cls_positions: the [CLS] of "
+                             "each pair, where its next-sentence logits are read")
+        encoded = self.bert(input_ids, token_type_ids, attention_mask, token_index=token_index,
+                            document_ids=document_ids, position_ids=position_ids, cls_positions=cls_positions)
         hidden = encoded.sequence_output  # (B, T, C)
         if masked_positions is not None:
             # Gather before the head: the transform and the (C x V) projection then run on P instead of T
@@ -300,6 +339,9 @@ class BertForPreTraining(nn.Module):
         if next_sentence_labels is not None:
             if nsp_logits is None:
                 raise ValueError("next_sentence_labels given to a model without the next-sentence head (MLM only)")
+            if next_sentence_labels.shape != nsp_logits.shape[:-1]:
+                raise ValueError(f"next_sentence_labels has shape {tuple(next_sentence_labels.shape)}, expected "
+                                 f"{tuple(nsp_logits.shape[:-1])} (one label per sequence, or per cls_positions slot)")
             out.nsp_loss, out.nsp_correct, out.nsp_total = classification_loss(out.nsp_logits, next_sentence_labels)
             losses.append(out.nsp_loss)
         if losses:

@@ -1,7 +1,8 @@
 """Who attends to whom in ModernBERT, as the masks its two attention paths take: dense boolean masks for SDPA, and
 BlockMasks for flex_attention.
 
-The rule: a token attends to the real tokens of its own document of its own row; on local (sliding-window) layers
+The rule (model/shared/document_masks.py, which BERT's packed sentence pairs use too): a token attends to the real
+tokens of its own document of its own row; on local (sliding-window) layers
 only to those at most local_attention // 2 positions away (transformers' inclusive half-window). Packed rows thus
 attend as if each document were a row of its own, and padding is never attended to. A padding query attends to
 itself alone: it has no document, and a query row with no key at all would make SDPA's softmax NaN. Nothing reads
@@ -16,32 +17,14 @@ import functools
 
 import torch
 
+from model.shared.document_masks import document_attention_mask, may_attend, token_documents
 from model.shared.unpadding import UnpaddedLayout
+
+__all__ = ["AttentionMasks", "build_attention_masks", "may_attend", "sdpa_masks", "token_documents"]
 
 # Global document ids in the unpadded layout: row * _ROW_STRIDE + document, so that two rows' documents never meet
 # whatever their ids within a row (any id below 2^32).
 _ROW_STRIDE = 2 ** 32
-
-
-def token_documents(attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) document of each token within its row, -1 at padding; None when each row is one document without
-    padding (then no mask is needed on global layers)."""
-    if document_ids is None and attention_mask is None:
-        return None
-    documents = document_ids.long() if document_ids is not None else torch.zeros_like(attention_mask, dtype=torch.long)
-    if attention_mask is not None:
-        documents = documents.masked_fill(attention_mask == 0, -1)
-    return documents
-
-
-def may_attend(q_document: torch.Tensor, k_document: torch.Tensor, q_position: torch.Tensor,
-               k_position: torch.Tensor, half_window: int | None) -> torch.Tensor:
-    """The rule above for (broadcast) pairs of query and key: their documents (-1 = padding) and positions in the row
-    (or, unpadded, flat positions b * T + t: the same differences within a row). half_window None: a global layer."""
-    allowed = ((q_document == k_document) & (k_document >= 0)) | (q_position == k_position)
-    if half_window is not None:
-        allowed = allowed & ((q_position - k_position).abs() <= half_window)
-    return allowed
 
 
 @dataclasses.dataclass
@@ -79,10 +62,8 @@ def sdpa_masks(documents: torch.Tensor | None, seq_len: int, half_window: int,
         window_covers_row = seq_len - 1 <= half_window
         local = None if window_covers_row else (q_position - k_position).abs().le(half_window)[None, None]
         return None, local
-    q_document, k_document = documents[:, :, None], documents[:, None, :]  # (B, T, 1), (B, 1, T)
-    global_mask = may_attend(q_document, k_document, q_position, k_position, None)  # (B, T, T)
-    local_mask = global_mask & (q_position - k_position).abs().le(half_window)  # (B, T, T)
-    return global_mask[:, None], local_mask[:, None]  # broadcast over heads
+    global_mask = document_attention_mask(documents)  # (B, 1, T, T), broadcast over heads
+    return global_mask, global_mask & (q_position - k_position).abs().le(half_window)
 
 
 def _create_block_mask(mask_mod, batch_size: int, seq_len: int, device: torch.device):

@@ -19,14 +19,14 @@ class EncoderOutput:
 @dataclasses.dataclass
 class PreTrainingOutput:
     mlm_logits: torch.Tensor  # (B, P, V) at masked_positions, or (B, T, V) when no positions are given
-    nsp_logits: torch.Tensor | None  # (B, 2); class 1 = sentence B is random (google-research/bert's convention);
-    # None for a model without the next-sentence head (the MLM-only objective)
+    nsp_logits: torch.Tensor | None  # (B, 2), or (B, K, 2) for packed rows of K pairs; class 1 = sentence B is
+    # random (google-research/bert's convention); None for a model without the next-sentence head (MLM only)
     # With labels: the losses, and counts a training loop sums (across steps and ranks) for accuracies:
     # mlm_acc = mlm_correct / mlm_total, nsp_acc = nsp_correct / nsp_total. Counts are 0-dim int64 tensors,
     # so logging them needs no host sync until the loop asks.
     loss: torch.Tensor | None = None  # mlm_loss + nsp_loss (or whichever of the two has labels)
     mlm_loss: torch.Tensor | None = None  # mean cross-entropy over the non-ignored MLM slots
-    nsp_loss: torch.Tensor | None = None  # mean cross-entropy over the batch
+    nsp_loss: torch.Tensor | None = None  # mean cross-entropy over the batch's sequences (pairs, when packed)
     mlm_correct: torch.Tensor | None = None
     mlm_total: torch.Tensor | None = None
     nsp_correct: torch.Tensor | None = None

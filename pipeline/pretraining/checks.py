@@ -34,6 +34,7 @@ from pipeline.core.speed.micro_batch import is_auto, most_per_pass, plan_micro_b
 from pipeline.core.speed.strategies import check_strategy_config
 from pipeline.pretraining.compiled import COMPILE_SCOPES
 from pipeline.pretraining.data.batch_warmup import MAX_COMPILED_STAGES, BatchWarmup
+from pipeline.pretraining.pair_packing_checks import check_shard_set_for_packing, max_pairs_per_row
 from pipeline.pretraining.resume_point import checkpoint_to_resume, optional_path
 from pipeline.pretraining.trained_with import checkpoint_changes, module_hyper_parameters
 
@@ -301,6 +302,7 @@ def preflight(cfg: DictConfig, world_size: int | None = None) -> RunShape:
     check_export(cfg)
     check_compile(cfg, accumulation)
     check_batch_warmup(cfg, world, accumulation)
+    max_pairs_per_row(cfg, model_config)                  # data.packing: refused where it cannot run
     Retention.from_config(cfg.callbacks.checkpoint)       # callbacks.checkpoint.keep_*: refused here, not at the start
     from pipeline.pretraining.data.verify import checksum_mode
     checksum_mode(cfg.data.get("verify_checksums", True))
@@ -351,6 +353,9 @@ class PretrainChecks:
             raise FileNotFoundError(f"init_from_checkpoint={self.init_from} does not exist: phase 2 starts from the "
                                     "weights of a finished phase-1 run (its checkpoints/last.ckpt)")
         self.shard_set = _open_shard_set(cfg, self.model_config, self.output_dir)
+        self.max_pairs_per_row = max_pairs_per_row(cfg, self.model_config)   # data.packing; None: one pair a row
+        if self.max_pairs_per_row is not None:
+            check_shard_set_for_packing(self.shard_set, str(cfg.data.path))
         self.model_config = special_tokens_of_shard_set(self.model_config, self.shard_set)
         self.validation = _validation_settings(cfg, self.shard_set, self.model_config, self.accumulation)
         self.module_hyper_parameters = module_hyper_parameters(

@@ -132,7 +132,8 @@ def _train(cfg: DictConfig, extra_callbacks: Sequence[pl.Callback], plugins: lis
         val_path=(cfg.get("validation") or {}).get("path"), unpad=bool(cfg.data.get("unpad", False)),
         # ModernBERT attends within each packed document: the batches say where each one is
         document_layout=is_modernbert(plan.model_config), masked_lm_prob=cfg.data.get("masked_lm_prob"),
-        batch_warmup=plan.batch_warmup)   # data.batch_warmup: the global batch ramps up (data/batch_warmup.py)
+        batch_warmup=plan.batch_warmup,   # data.batch_warmup: the global batch ramps up (data/batch_warmup.py)
+        max_pairs_per_row=plan.max_pairs_per_row)   # data.packing: sentence pairs packed (data/pair_packing.py)
     module = BertPretrainingModule(**plan.module_hyper_parameters)   # what its checkpoints carry, and resumes compare
     if cfg.model.get("fp8"):   # before compile traces the encoder and the optimizer takes its (unchanged) parameters
         apply_fp8(module.model, layers=fp8_layers(cfg.model.fp8))   # refuses a device without FP8 first

@@ -136,3 +136,41 @@ def test_each_run_is_appended_to_the_table_as_it_ends_with_its_mfu_against_the_p
                     "1.00 GiB | done |")
     bf16 = {"windows": [{"perf/sequences_per_s": 1.0, "perf/mfu": 0.1}], "peak_memory": 2**30}
     assert "| 10.0% | 10.0% |" in run_line("compiled", 0, (), (150, "estimate"), 1.0, bf16, baseline_rate=1.0)
+
+
+def test_phase2_runs_every_run_at_seq_512_with_packing_against_unpacked(benchmarks_importable, tmp_path):
+    """--phase2 (issue 48, item 4): the baseline is the row at seq 512 unpacked, and packing's variants are measured
+    against it; their expected costs have a table of their own, every entry an estimate until measured."""
+    from gpu_variants import (
+        BASELINE,
+        PHASE2_EXPECTED_S,
+        PHASE2_LEVERS,
+        expected_cost,
+        first_round_order,
+        phase2_overrides,
+    )
+
+    assert set(PHASE2_EXPECTED_S) == {BASELINE, *PHASE2_LEVERS}
+    assert all(source == "measured" or source.startswith("estimate") for _, source in PHASE2_EXPECTED_S.values())
+    assert PHASE2_LEVERS["packed"] == ("data.packing=true",)
+    order = first_round_order([BASELINE, *PHASE2_LEVERS], cpu=False, expected=PHASE2_EXPECTED_S)
+    assert order[0] == BASELINE and sorted(order[1:]) == sorted(PHASE2_LEVERS)
+    assert expected_cost("packed", cpu=True, last_took=None, expected=PHASE2_EXPECTED_S) == (
+        PHASE2_EXPECTED_S["packed"][0] / 10, f"{PHASE2_EXPECTED_S['packed'][1]}, a tenth on the CPU")
+    gpu = phase2_overrides(cpu=False, shards=tmp_path)
+    assert gpu == (f"data.path={tmp_path}", "data.max_seq_length=512", "data.max_predictions_per_seq=80",
+                   "data.micro_batch_size=32", "data.global_batch_size=128")
+
+
+@pytest.mark.slow
+def test_phase2_rehearses_packing_on_the_cpu(benchmark_script, tmp_path):
+    done = benchmark_script("gpu_variants.py", "--cpu", "--phase2", "--workdir", str(tmp_path),
+                            "--variant", "packed=data.packing=true")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = (tmp_path / "gpu_variants.md").read_text()
+    assert "data.max_seq_length=512" in text.splitlines()[0]
+    summary = text.split("Summary")[1].split("profiled:")[0]
+    rows = {line.split("|")[1].strip(): line for line in summary.splitlines()
+            if re.match(r"\| (baseline|packed)", line)}
+    assert set(rows) == {"baseline", "packed"} and "data.packing=true" in rows["packed"]
+    assert re.search(r"\| \d+\.\d+x \|", rows["packed"]), rows["packed"]   # measured against the seq-512 baseline

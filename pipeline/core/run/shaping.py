@@ -12,8 +12,9 @@ precision, the seed.
 
 A key is operational when it changes only where the run writes, what it logs, how fast or with which kernels the same
 steps are computed, or what is measured beside training:
-- the accelerator, model.compile and CUDA graphs, data.unpad, model.attention_backend (ModernBERT), fused optimizer
-  kernels, deterministic kernels, padding
+- the accelerator, model.compile and CUDA graphs, data.unpad, data.packing (a micro-batch's own pairs packed into
+  fewer rows: the same losses, pipeline/pretraining/data/pair_packing.py), model.attention_backend (ModernBERT),
+  fused optimizer kernels, deterministic kernels, padding
   (data.pad_to_multiple_of; compile pads to the sequence length): the same rows, model, objective and schedule. The
   bits differ, as between two cards: other kernels round differently, and dropout draws its masks from the device's
   generator (CUDA's is not the CPU's) over the tensor it is given (a wider padded batch, a compiled kernel, the real
@@ -43,6 +44,7 @@ OPERATIONAL: dict[str, tuple[str, ...]] = {
     "data_prep": ("output_dir", "dask", "corpus_root"),      # where it runs and writes; the inputs count by content
     "train": ("output_dir", "ckpt_path", "resume", "require_init_from_checkpoint", "require_resume",
               "data.verify_checksums", "data.micro_batch_margin", "data.pad_to_multiple_of", "data.unpad",
+              "data.packing", "data.max_pairs_per_row",
               "model.compile", "model.compile_scope", "model.compile_autotune", "model.pad_vocab_to_multiple_of",
               "model.attention_backend",   # ModernBERT's SDPA or FlexAttention: the same attention, other kernels
               "model.cuda_graphs", "trainer.benchmark", "trainer.num_sanity_val_steps", "validation",

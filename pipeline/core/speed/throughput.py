@@ -2,7 +2,8 @@
 
     perf/tokens_per_s          non-padding tokens per second, all ranks
     perf/padded_tokens_per_s   tokens including padding (what the hardware computes on), all ranks
-    perf/sequences_per_s       sequences per second, all ranks
+    perf/sequences_per_s       sequences per second, all ranks (under data.packing the sentence pairs, not the rows
+                               they are packed into: counted on the device, as the tokens are)
     perf/mfu                   model FLOPs / s over the peak of all devices (model.batch_flops at each batch's
                                padded length and number of predictions, the encoder's dense layers at the real
                                tokens only under data.unpad; for a fine-tuning batch, without MLM
@@ -30,6 +31,7 @@ import torch
 
 from model import PEAK_FLOPS, batch_flops, peak_flops_for_device
 from model.flops import FP8_OVER_BF16
+from model.shared.outputs import IGNORE_INDEX
 
 
 def resolve_peak_flops(peak_flops: float | str | None, device: torch.device) -> float | None:
@@ -58,6 +60,7 @@ class ThroughputMonitor(pl.Callback):
         self.peak_flops: float | None = None
         self._tokens: torch.Tensor | int = 0       # non-padding tokens since the last log (on the device)
         self._shape_counts = [0, 0, 0.0]           # [padded tokens, sequences, model FLOPs] since the last log (host)
+        self._packed_sequences: torch.Tensor | int = 0   # data.packing: pairs since the last log (on the device)
         self._window_start: float | None = None
         self._last_step = -1
 
@@ -66,7 +69,7 @@ class ThroughputMonitor(pl.Callback):
         self._reset(trainer)
 
     def _reset(self, trainer: pl.Trainer) -> None:
-        self._tokens, self._shape_counts = 0, [0, 0, 0.0]
+        self._tokens, self._shape_counts, self._packed_sequences = 0, [0, 0, 0.0], 0
         self._window_start = time.perf_counter()
         self._last_step = trainer.global_step
 
@@ -85,7 +88,10 @@ class ThroughputMonitor(pl.Callback):
         token_index = batch.get("token_index")   # data.unpad: the encoder's dense layers ran on these tokens only
         flops = batch_flops(pl_module.model.config, sequences, seq_len, predictions,
                             computed_tokens=token_index.shape[0] if token_index is not None else None)
-        for slot, count in enumerate((input_ids.numel(), sequences, flops)):
+        packed_labels = batch.get("next_sentence_labels") if "cls_positions" in batch else None
+        if packed_labels is not None:   # packed rows (data.packing): a sequence is a pair, one per labelled slot
+            self._packed_sequences = self._packed_sequences + (packed_labels != IGNORE_INDEX).sum()
+        for slot, count in enumerate((input_ids.numel(), 0 if packed_labels is not None else sequences, flops)):
             self._shape_counts[slot] += count
 
         step = trainer.global_step
@@ -96,6 +102,7 @@ class ThroughputMonitor(pl.Callback):
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
         counts = torch.tensor([0.0, *self._shape_counts], dtype=torch.float64, device=pl_module.device)
         counts[0] = self._tokens   # a device tensor, or an int for batches without masks
+        counts[2] += self._packed_sequences
         tokens, padded, sequences, flops = trainer.strategy.reduce(counts, reduce_op="sum").tolist()
         tokens_s, padded_s, sequences_s = tokens / elapsed, padded / elapsed, sequences / elapsed
         metrics = {"perf/tokens_per_s": tokens_s, "perf/padded_tokens_per_s": padded_s,

@@ -18,6 +18,9 @@ The output is BertForPreTraining.forward's keyword arguments, as int64 tensors:
                                               indices b * T + t of the real tokens, row by row, then of the first
                                               padding positions up to a rounded N (below); the model's layers
                                               compute on these only (model/shared/unpadding.py)
+  with max_pairs_per_row=K, the micro-batch's sentence pairs packed into fewer rows, up to K a row (MLPerf's 3),
+  each pair attending within itself: document_ids, position_ids, cls_positions, and per-pair NSP labels and
+  masked positions (pair_packing.py)
 Static sets carry their masking in the shards. Dynamic sets are masked here by data_prep.masking.mask_batch,
 the very code data_prep uses for static sets, seeded per row from (seed, epoch, global row index): a row is
 masked the same way whatever batch, worker or rank it lands in, and differently every epoch. The rate is the
@@ -66,6 +69,7 @@ import torch
 from data_prep.masking import MaskingConfig, MaskingVocab, mask_batch
 from data_prep.seeding import mix_seeds, stable_seed
 from model.shared.outputs import IGNORE_INDEX
+from pipeline.pretraining.data.pair_packing import pack_pairs
 from pipeline.pretraining.data.rows import Rows, concat, gather_lists
 from pipeline.pretraining.data.shard_set import ShardSet
 
@@ -91,13 +95,19 @@ class PretrainingCollator:
     def __init__(self, *, max_seq_length: int, max_predictions_per_seq: int, pad_id: int, masking: str,
                  masking_config: MaskingConfig | None = None, masking_vocab: MaskingVocab | None = None,
                  seed: int = 0, pad_to_multiple_of: int = 8, return_row_index: bool = False,
-                 next_sentence_labels: bool = True, unpad: bool = False, document_layout: bool = False):
+                 next_sentence_labels: bool = True, unpad: bool = False, document_layout: bool = False,
+                 max_pairs_per_row: int | None = None):
         if masking not in ("static", "dynamic"):
             raise ValueError(f"masking must be 'static' or 'dynamic', got {masking!r}")
         if masking == "dynamic" and (masking_config is None or masking_vocab is None):
             raise ValueError("dynamic masking needs masking_config and masking_vocab")
         if pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+        if max_pairs_per_row is not None and document_layout:
+            raise ValueError("max_pairs_per_row packs BERT's sentence pairs; document_layout describes rows of packed "
+                             "documents already (ModernBERT's sets): one or the other")
+        if max_pairs_per_row is not None and max_pairs_per_row < 1:
+            raise ValueError(f"max_pairs_per_row must be >= 1, got {max_pairs_per_row}")
         self.max_seq_length = max_seq_length
         self.fixed_width = pad_to_multiple_of >= max_seq_length   # every batch max_seq_length wide, always masked
         self.max_predictions_per_seq = max_predictions_per_seq
@@ -111,6 +121,7 @@ class PretrainingCollator:
         self.next_sentence_labels = next_sentence_labels
         self.unpad = unpad   # adds "token_index" to padded batches (see the module docstring)
         self.document_layout = document_layout   # adds "document_ids" and "position_ids" (see the module docstring)
+        self.max_pairs_per_row = max_pairs_per_row   # packs the batch's pairs into fewer rows (pair_packing.py)
 
     @classmethod
     def for_shard_set(cls, shard_set: ShardSet, masked_lm_prob: float | None = None, **kwargs) -> PretrainingCollator:
@@ -186,13 +197,17 @@ class PretrainingCollator:
             batch["next_sentence_labels"] = rows.next_sentence_label
         if self.document_layout:
             batch["document_ids"], batch["position_ids"] = document_layout(rows, is_token)
+        if self.return_row_index:
+            batch["row_index"] = rows.row_index
+        if self.max_pairs_per_row is not None:
+            batch = pack_pairs(batch, self.max_seq_length, self.max_pairs_per_row, self.padded_length, self.pad_id)
+            is_token = batch["attention_mask"].astype(bool)
+            width = is_token.shape[1]
         if is_token.all() and not self.fixed_width:   # no row is padded: no mask (see the module docstring)
             del batch["attention_mask"]
         if self.unpad and "attention_mask" in batch:
             multiple = math.lcm(FP8_TOKEN_MULTIPLE, min(self.pad_to_multiple_of, width))
             batch["token_index"] = unpadded_token_index(is_token, multiple)
-        if self.return_row_index:
-            batch["row_index"] = rows.row_index
         return {name: np.ascontiguousarray(array, dtype=np.int64) for name, array in batch.items()}
 
 

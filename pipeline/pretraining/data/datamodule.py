@@ -15,6 +15,8 @@
   each token's position in it (collator.py); validation batches too. masked_lm_prob: dynamic masking at this rate
   instead of the manifest's (dynamic sets only; at most max_predictions_per_seq of a full row); validation too, so
   that its loss measures the task trained.
+- max_pairs_per_row=K: BERT's sentence pairs packed, up to K a row, each attending within itself: a batch's pairs in
+  fewer rows with the losses of the batch unpacked (collator.py, pair_packing.py); validation batches too.
 - val_dataloader() (with val_path): a held-out shard set, the same batches at every validation, each rank its own
   share. Its loader has a generator of its own, so validating draws nothing from the RNG that dropout and the
   training loader use: a run with validation trains, and resumes, exactly as one without.
@@ -59,7 +61,7 @@ class PretrainingDataModule(pl.LightningDataModule):
     def __init__(self, path: str, max_seq_length: int, vocab_size: int, micro_batch_size: int, num_workers: int = 1,
                  seed: int = 0, pad_to_multiple_of: int = 8, val_path: str | None = None, unpad: bool = False,
                  document_layout: bool = False, masked_lm_prob: float | None = None,
-                 batch_warmup: BatchWarmup | None = None):
+                 batch_warmup: BatchWarmup | None = None, max_pairs_per_row: int | None = None):
         super().__init__()
         self.batch_warmup = batch_warmup
         self.path = str(path)
@@ -73,6 +75,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         self.unpad = unpad
         self.document_layout = document_layout
         self.masked_lm_prob = masked_lm_prob
+        self.max_pairs_per_row = max_pairs_per_row
         self.shard_set: ShardSet | None = None
         self.val_shard_set: ShardSet | None = None
         self.shuffle_plan = epoch_plan.SHUFFLE_PLAN    # a resumed run's: its checkpoint's (load_state_dict)
@@ -100,13 +103,14 @@ class PretrainingDataModule(pl.LightningDataModule):
             dataset = StepStreamDataset(self.shard_set, self.batch_warmup, self.accumulation, rank=rank,
                                         world_size=world_size, num_workers=self.num_workers, seed=self.seed,
                                         pad_to_multiple_of=self.pad_to_multiple_of, unpad=self.unpad,
-                                        document_layout=self.document_layout, masked_lm_prob=self.masked_lm_prob)
+                                        document_layout=self.document_layout, masked_lm_prob=self.masked_lm_prob,
+                                        max_pairs_per_row=self.max_pairs_per_row)
             return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
         dataset = PretrainingDataset(self.shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=self.num_workers, seed=self.seed,
                                      pad_to_multiple_of=self.pad_to_multiple_of, shuffle_plan=self.shuffle_plan,
                                      unpad=self.unpad, document_layout=self.document_layout,
-                                     masked_lm_prob=self.masked_lm_prob)
+                                     masked_lm_prob=self.masked_lm_prob, max_pairs_per_row=self.max_pairs_per_row)
         self._batches_per_epoch = len(dataset)
         return PretrainingDataLoader(dataset, self._epoch_and_skip, pin_memory=pin_memory_default(device))
 
@@ -119,7 +123,7 @@ class PretrainingDataModule(pl.LightningDataModule):
         dataset = PretrainingDataset(self.val_shard_set, self.micro_batch_size, rank=rank, world_size=world_size,
                                      num_workers=0, seed=self.seed, pad_to_multiple_of=self.pad_to_multiple_of,
                                      unpad=self.unpad, document_layout=self.document_layout,
-                                     masked_lm_prob=self.masked_lm_prob)
+                                     masked_lm_prob=self.masked_lm_prob, max_pairs_per_row=self.max_pairs_per_row)
         device = self.trainer.strategy.root_device if self.trainer is not None else None
         return PretrainingDataLoader(dataset, lambda: (0, 0), pin_memory=pin_memory_default(device),
                                      generator=torch.Generator().manual_seed(self.seed))

@@ -39,7 +39,8 @@ class PretrainingDataset(IterableDataset):
                  num_workers: int = 0, seed: int = 0, epoch: int = 0, batches_to_skip: int = 0,
                  shuffle_buffer_row_groups: int = DEFAULT_BUFFER_ROW_GROUPS, pad_to_multiple_of: int = 8,
                  return_row_index: bool = False, shuffle_plan: int = epoch_plan.SHUFFLE_PLAN, unpad: bool = False,
-                 document_layout: bool = False, masked_lm_prob: float | None = None):
+                 document_layout: bool = False, masked_lm_prob: float | None = None,
+                 max_pairs_per_row: int | None = None):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or num_workers < 0:
             raise ValueError(f"need batch_size >= 1, 0 <= rank < world_size, num_workers >= 0; got batch_size="
                              f"{batch_size}, rank={rank}, world_size={world_size}, num_workers={num_workers}")
@@ -58,11 +59,13 @@ class PretrainingDataset(IterableDataset):
         # in the worker processes of a PretrainingDataLoader, which unpacks; a plain DataLoader gets dicts.
         self.pack_batches = False
         # document_layout: batches say which packed document each token is in; masked_lm_prob: dynamic masking at
-        # this rate instead of the manifest's (collator.py)
+        # this rate instead of the manifest's; max_pairs_per_row: sentence pairs packed, up to that many a row
+        # (collator.py, pair_packing.py)
         self.collator = PretrainingCollator.for_shard_set(shard_set, masked_lm_prob, seed=seed,
                                                           pad_to_multiple_of=pad_to_multiple_of,
                                                           return_row_index=return_row_index, unpad=unpad,
-                                                          document_layout=document_layout)
+                                                          document_layout=document_layout,
+                                                          max_pairs_per_row=max_pairs_per_row)
         self.batches_per_worker = epoch_plan.batches_per_consumer(
             shard_set.total_rows, world_size * self.workers, batch_size)
         if self.batches_per_worker == 0:

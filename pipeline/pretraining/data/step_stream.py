@@ -100,7 +100,7 @@ class StepStreamDataset(IterableDataset):
                  world_size: int = 1, num_workers: int = 0, seed: int = 0, batches_to_skip: int = 0,
                  shuffle_buffer_row_groups: int = DEFAULT_BUFFER_ROW_GROUPS, pad_to_multiple_of: int = 8,
                  return_row_index: bool = False, unpad: bool = False, document_layout: bool = False,
-                 masked_lm_prob: float | None = None):
+                 masked_lm_prob: float | None = None, max_pairs_per_row: int | None = None):
         if accumulation < 1 or world_size < 1 or not 0 <= rank < world_size or num_workers < 0:
             raise ValueError(f"need accumulation >= 1, 0 <= rank < world_size, num_workers >= 0; got accumulation="
                              f"{accumulation}, rank={rank}, world_size={world_size}, num_workers={num_workers}")
@@ -112,7 +112,8 @@ class StepStreamDataset(IterableDataset):
         self.collator = PretrainingCollator.for_shard_set(shard_set, masked_lm_prob, seed=seed,
                                                           pad_to_multiple_of=pad_to_multiple_of,
                                                           return_row_index=return_row_index, unpad=unpad,
-                                                          document_layout=document_layout)
+                                                          document_layout=document_layout,
+                                                          max_pairs_per_row=max_pairs_per_row)
         self.set_epoch(0, batches_to_skip)
 
     @property
