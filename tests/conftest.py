@@ -41,7 +41,8 @@ def pytest_collection_modifyitems(items):
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
     # The files that hold a slow test first (stable otherwise): pytest-xdist hands out whole files in this order
-    # (.ci/run's --dist loadfile), so the longest start first and the short ones fill in beside them at the end.
+    # (.ci/run's --dist loadfile --no-loadscope-reorder), so the longest start first and the short ones fill in beside
+    # them at the end.
     with_slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in with_slow)
 
