@@ -13,7 +13,7 @@ from model.architectures import EncoderConfig, config_from_dict, is_modernbert
 from pipeline.core import app
 from pipeline.core.checkpoints.weights import load_pretrained
 from pipeline.core.devices import world_size
-from pipeline.core.run.loggers import check_logger_config
+from pipeline.core.run.logger_config import check_logger_config
 from pipeline.finetuning.tasks import get_task
 from pipeline.finetuning.tasks.hub import looks_like_hub_directory
 from pipeline.finetuning.tokenizer import check_special_tokens, load_tokenizer

@@ -20,7 +20,7 @@ import numpy as np
 
 from pipeline.core.checkpoints.weights import HF_EXPORT_DIR
 from pipeline.core.run.curves import PLOT_NAME, Panel, plot_curves, read_metrics
-from pipeline.core.run.loggers import csv_metrics_path
+from pipeline.core.run.logger_config import csv_metrics_path
 
 METRICS_FILE = "metrics.json"
 PREDICTIONS_DIR = "predictions"

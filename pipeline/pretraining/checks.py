@@ -26,7 +26,7 @@ from pipeline.core.optim.optimizers import (
     schedule_factor,
     warmup_steps_of,
 )
-from pipeline.core.run.loggers import check_logger_config
+from pipeline.core.run.logger_config import check_logger_config
 from pipeline.core.run.run_record import InEffect, check_start
 from pipeline.core.run.run_versions import run_versions
 from pipeline.core.speed.fp8 import check_fp8_settings

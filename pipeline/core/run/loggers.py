@@ -29,25 +29,9 @@ from pytorch_lightning.loggers.logger import rank_zero_experiment
 
 from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.devices import is_first_process
+from pipeline.core.run.logger_config import CSV_DIR, WANDB_MODES, check_logger_config, csv_metrics_path  # noqa: F401
 
-WANDB_MODES = ("disabled", "offline", "online")
-CSV_DIR = "csv"
 WANDB_RUN_ID_FILE = Path("wandb") / "run_id"
-
-
-def csv_metrics_path(output_dir: str | Path) -> Path:
-    return Path(output_dir) / CSV_DIR / "metrics.csv"
-
-
-def check_logger_config(cfg: Mapping[str, Any]) -> None:
-    """Refuse, before training, a W&B mode that cannot work."""
-    mode = cfg.get("mode", "disabled")
-    if mode not in WANDB_MODES:
-        raise ValueError(f"logger.mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
-    if mode == "online" and not os.environ.get("WANDB_API_KEY"):
-        raise ValueError("logger.mode=online needs a W&B API key in the WANDB_API_KEY environment variable (it is "
-                         "read from there only, never from a config); or use logger.mode=offline and "
-                         "`wandb sync` the run directory later")
 
 
 class _AppendingWriter(ExperimentWriter):

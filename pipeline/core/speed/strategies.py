@@ -43,14 +43,16 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.strategies import DDPStrategy, DeepSpeedStrategy
 
-from pipeline.core.checkpoints.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
-from pipeline.core.speed.cpu_deepspeed import CPUDeepSpeedStrategy
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+# Lightning (and the strategy classes built on it) is imported where a strategy is built, not here: the pre-flight
+# checks import check_strategy_config, and a refusal, or the workflow's check of every stage before it launches any,
+# should not pay `import pytorch_lightning` (about 4.5 CPU-seconds beyond torch's).
 
 STRATEGY_NAMES = ("auto", "ddp", "deepspeed")
 
@@ -187,6 +189,8 @@ def check_strategy_config(strategy_cfg: Any, *, precision: str | int, gradient_c
 def offloads_optimizer(strategy: Any) -> bool:
     """Whether a built strategy runs the optimizer step on the CPU (DeepSpeed ZeRO-Offload): the optimizer it takes
     must then be DeepSpeedCPUAdam (DeepSpeed refuses others there)."""
+    from pytorch_lightning.strategies import DeepSpeedStrategy
+
     if not isinstance(strategy, DeepSpeedStrategy):
         return False
     offload = (strategy.config.get("zero_optimization") or {}).get("offload_optimizer") or {}
@@ -203,6 +207,11 @@ def build_strategy(strategy_cfg: Any, *, precision: str | int, gradient_clip_val
     single-device strategy: DDP there has nothing to all-reduce, yet copies every gradient into its buckets and makes
     a compiled model's graph split at each bucket (Dynamo's DDP optimizer); the checkpoints are the same.
     """
+    from pytorch_lightning.strategies import DDPStrategy
+
+    from pipeline.core.checkpoints.deepspeed_checkpoints import CompleteCheckpointsDeepSpeedStrategy
+    from pipeline.core.speed.cpu_deepspeed import CPUDeepSpeedStrategy
+
     cfg = _checked_strategy_cfg(strategy_cfg)
     device = resolve_accelerator(accelerator)
     if cfg["name"] == "auto" or (cfg["name"] == "ddp" and world_size == 1):
