@@ -29,7 +29,11 @@ from pytorch_lightning.loggers.logger import rank_zero_experiment
 
 from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.devices import is_first_process
-from pipeline.core.run.logger_config import CSV_DIR, WANDB_MODES, check_logger_config, csv_metrics_path  # noqa: F401
+from pipeline.core.run.logger_config import (
+    CSV_DIR,
+    check_logger_config,
+    csv_metrics_path,  # noqa: F401  (its callers import it from here too)
+)
 
 WANDB_RUN_ID_FILE = Path("wandb") / "run_id"
 

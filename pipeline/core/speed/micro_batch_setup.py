@@ -51,7 +51,8 @@ class MicroBatchSetup(pl.Callback):
         device, model = trainer.strategy.root_device, pl_module.model
         home = next(model.parameters()).device       # the strategy moves the model itself, later
         probe = micro_batch.PassProbe(model, max_seq_length=self.plan.max_seq_length, precision=self.plan.precision,
-                          max_predictions=trainer.datamodule.shard_set.max_predictions_per_seq, device=device)
+                                      max_predictions=trainer.datamodule.shard_set.max_predictions_per_seq,
+                                      device=device)
         fit, failure = None, None
         try:
             model.to(device)
