@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 SLURM_APT_COMMAND = ("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm slurmdbd "
-                     "mariadb-server")
+                     "mariadb-server faketime")
 SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db", "sbatch", "sacct",
                  "sacctmgr", "scontrol")
 CLUSTER_NAME = "berttest"
@@ -106,8 +106,10 @@ class SlurmCluster:
         self.env["SLURM_CONF"] = str(self.conf)
         self.daemons: list[tuple[str, subprocess.Popen]] = []
         self.account = ACCOUNT
+        self.started = ""               # sacct's --starttime for every job of this cluster (start() sets it)
 
     def start(self) -> None:
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
         for d in ("state", "spool"):
             (self.root / d).mkdir()
         key = self.root / "munge.key"
@@ -190,9 +192,12 @@ class SlurmCluster:
         return self.job_field(job_id, "JobState")
 
     def accounted_jobs(self) -> list[dict[str, str]]:
-        """Every job the cluster ran (sacct, allocations only): id, name, comment, state, exit code."""
+        """Every job the cluster ran (sacct, allocations only): id, name, comment, state, exit code. Without
+        --starttime (and without -j), sacct shows only the jobs of today since 00:00: a session that runs past
+        midnight would lose the jobs of the day before."""
         fields = ("JobID", "JobName", "Comment", "State", "ExitCode")
-        out = self.run("sacct", "-X", "-n", "-P", "-a", "-o", ",".join(f"{f}%200" for f in fields), check=True)
+        out = self.run("sacct", "-X", "-n", "-P", "-a", "-S", self.started,
+                       "-o", ",".join(f"{f}%200" for f in fields), check=True)
         return [dict(zip(fields, line.split("|"))) for line in out.stdout.splitlines() if line.strip()]
 
     def logs(self) -> str:
