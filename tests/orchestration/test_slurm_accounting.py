@@ -5,7 +5,6 @@ Here sacct runs as if a day later (faketime), on the real local SLURM."""
 from __future__ import annotations
 
 import shutil
-import time
 
 import pytest
 
@@ -20,10 +19,8 @@ def test_a_job_of_the_day_before_is_still_counted(slurm_cluster, monkeypatch):
     job = slurm_cluster.run("sbatch", "--parsable", "-A", slurm_cluster.account, "-J", "day_before", "-o", "/dev/null",
                             "--wrap", "true", check=True).stdout.strip()
     assert slurm_cluster.wait_for_job(job) == "COMPLETED", slurm_cluster.logs()
-    deadline = time.monotonic() + 60        # slurmdbd lists a finished job a few seconds after slurmctld ends it
-    while not _listed(slurm_cluster, job):
-        assert time.monotonic() < deadline, f"job {job} never reached the accounting\n{slurm_cluster.logs()}"
-        time.sleep(1)
+    # slurmdbd lists a finished job a few seconds after slurmctld ends it
+    slurm_cluster._wait(lambda: _listed(slurm_cluster, job), 60, f"job {job} never reached the accounting")
 
     run_today = slurm_cluster.run
     tomorrow = lambda *cmd, check=False: run_today("faketime", "+1 day", *cmd, check=check)  # noqa: E731
