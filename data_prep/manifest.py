@@ -1,36 +1,22 @@
-"""manifest.json: the contract between data_prep and training.
+"""manifest.json read: the contract between data_prep and training (data_prep.manifest_writer writes it).
 
-It records every parameter that shaped the data, the tokenizer and its hash, the row schema, per-shard row
-counts and checksums, totals, the statistics, and everything skipped or repaired, by reason (and which files each
-skip reason came from). Training opens a shard set through it and refuses one whose parameters do not fit its
-config. A job that made no instance writes none (data_prep.no_instances).
+A shard set is opened through its manifest, and its files are checked against the sizes and sha256 it records.
+Training refuses a set whose parameters do not fit its config (pipeline/pretraining/data/shard_set.py).
+
+A set on a local disk is read with the standard library alone; Apache Beam's FileSystems are imported only for one
+elsewhere (gs://, s3://, hdfs://: where data_prep's Beam job writes). So training on a local copy of a set does not
+need Beam: the lent GPU machine's image has none, and its import costs a process about 1.1 CPU-seconds here.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
-import datetime
 import hashlib
 import json
 import os
-from typing import Any
+from typing import IO, Any
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from data_prep.layout import MANIFEST_NAME, set_file
 
-from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
-from data_prep.plan import JobPlan
-from data_prep.shard_files import shard_settings
-from data_prep.stats import InstanceStats
-from data_prep.vocab import WORDPIECE
-from data_prep.where_skipped import SkipNote, skipped_where
-from data_prep.whole_files import write_whole
-
-FORMAT_VERSION = 1          # sentence pairs with next-sentence labels (objective mlm_nsp)
-# objective mlm: rows of input_ids (and masking) only. 2: as first written; 3: with each row's document_starts
-# (data_prep/packing.py), which readers of 2 would not know to keep documents apart by. A reader must refuse a
-# version it does not know.
-MLM_FORMAT_VERSION = 3
 _HASH_CHUNK_BYTES = 4 << 20
 
 
@@ -38,86 +24,33 @@ class UnreadableManifest(ValueError):
     """A manifest.json that is there but is not a whole manifest (cut off, or not JSON): the set cannot be used."""
 
 
-def counts_by_reason(counts: dict[str, int], kind: str) -> dict[str, int]:
-    """The ``skipped`` or ``repaired`` counts by reason, from the job's counters ('skipped/binary_file': 2, ...)."""
-    return {name.split("/", 1)[1]: value for name, value in sorted(counts.items()) if name.startswith(f"{kind}/")}
+def _is_remote(path: str) -> bool:
+    return "://" in path
 
 
-def build_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int], notes: list[SkipNote] = ()
-                   ) -> dict[str, Any]:
-    shards = sorted(shards, key=lambda s: s["index"])
-    stats = InstanceStats()
-    for shard in shards:
-        stats = stats.merge(InstanceStats(**shard["stats"]))
-    settings = shard_settings(plan, plan.vocab_tokens())
-    with_nsp = plan.config.objective == "mlm_nsp"
-    statistics = stats.summary()
-    if with_nsp:
-        statistics["expected_random_next_share"] = stats.expected_random_next_share(plan.config.random_next_prob)
-    else:   # no sentence pairs: nothing of the next-sentence kind to report
-        for name in ("short_target_share", "random_next_share"):
-            statistics.pop(name)
-    return {
-        "format_version": FORMAT_VERSION if with_nsp else MLM_FORMAT_VERSION,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "parameters": plan.config.data_parameters(),
-        "tokenizer": tokenizer_section(plan),
-        "schema": {field.name: str(field.type) for field in settings.schema()},
-        "inputs": [dataclasses.asdict(f) for f in plan.files],
-        "num_shards_planned": plan.num_shards,   # buckets no document fell into write no file
-        "sizing": plan.sizing,                   # how num_shards_planned was chosen (data_prep.shard_sizing)
-        "shards": [{"index": s["index"], "rows": s["rows"], "documents": s["documents"], **s["files"]} for s in shards],
-        "totals": {
-            "instances": stats.instances,
-            "tokens": stats.tokens,
-            "masked_tokens": stats.masked_tokens,
-            "documents": counts.get("documents", 0),
-            "sentences": counts.get("sentences", 0),
-            "input_tokens": counts.get("input_tokens", 0),
-            "files": counts.get("files", 0),
-            "one_sentence_chunk_instances": stats.one_sentence_chunk_instances,
-            "random_next_from_same_document": stats.random_next_from_same_document,
-            "chunks_without_random_document": stats.chunks_without_random_document,
-        },
-        "statistics": statistics,
-        "warnings": [w for w in (stats.random_next_warning(plan.config.random_next_prob),) if w and with_nsp],
-        "skipped": counts_by_reason(counts, "skipped"),
-        "skipped_where": skipped_where(notes),     # which files, per reason (data_prep.where_skipped)
-        "repaired": counts_by_reason(counts, "repaired"),
-    }
+def _exists(path: str) -> bool:
+    if not _is_remote(path):
+        return os.path.exists(path)
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
 
 
-def tokenizer_section(plan: JobPlan) -> dict[str, Any]:
-    """What made the token ids. BERT's sentence-pair sets of a WordPiece vocabulary keep the section they always
-    had (their tokenizer.json is built from vocab.txt, which vocab_sha256 pins); every other set also says which
-    kind of tokenizer it was and the sha256 of the tokenizer.json it holds, which training checks."""
-    section = {
-        "vocab_file": VOCAB_NAME,
-        "tokenizer_file": TOKENIZER_NAME,
-        "vocab_size": plan.vocab_size,
-        "vocab_sha256": plan.vocab_sha256,
-        # A tokenizer.json's own normalizer decides the case: vocab.lowercase shapes nothing there.
-        "lowercase": plan.config.vocab.lowercase if plan.tokenizer_kind == WORDPIECE else None,
-        "source": plan.vocab_source,
-    }
-    if plan.config.objective != "mlm_nsp" or plan.tokenizer_kind != WORDPIECE:
-        section.update(kind=plan.tokenizer_kind, tokenizer_sha256=plan.tokenizer_sha256)
-    return section
+def _open_bytes(path: str) -> IO[bytes]:
+    """The file's bytes as stored (no decompression by its name's suffix)."""
+    if not _is_remote(path):
+        return open(path, "rb")
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
 
-
-def write_manifest(shards: list[dict], plan: JobPlan, counts: dict[str, int], notes: list[SkipNote] = ()) -> str:
-    """Written whole or not at all: a job killed while writing it leaves the set's earlier manifest (or none), never
-    a cut-off one that training would read as a broken set."""
-    path = FileSystems.join(plan.config.output_dir, MANIFEST_NAME)
-    write_whole(path, json.dumps(build_manifest(shards, plan, counts, notes), indent=2).encode("utf-8"))
-    return path
+    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def read_manifest(shard_dir: str) -> dict[str, Any]:
-    path = FileSystems.join(shard_dir, MANIFEST_NAME)
-    if not FileSystems.exists(path):
+    path = set_file(shard_dir, MANIFEST_NAME)
+    if not _exists(path):
         raise FileNotFoundError(f"no {MANIFEST_NAME} in {shard_dir}: not a shard set written by data_prep")
-    with FileSystems.open(path) as handle:
+    with _open_bytes(path) as handle:
         data = handle.read()
     try:
         manifest = json.loads(data.decode("utf-8"))
@@ -166,10 +99,10 @@ def verify_files(shard_dir: str, entries: list[dict[str, Any]], threads: int | N
 
 
 def _file_matches(shard_dir: str, entry: dict[str, Any]) -> bool:
-    path = FileSystems.join(shard_dir, entry["path"])
+    path = set_file(shard_dir, entry["path"])
     digest, size = hashlib.sha256(), 0
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        with _open_bytes(path) as handle:
             while chunk := handle.read(_HASH_CHUNK_BYTES):
                 digest.update(chunk)
                 size += len(chunk)

@@ -13,7 +13,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from data_prep.layout import MANIFEST_NAME, NO_INSTANCES_NAME
-from data_prep.manifest import counts_by_reason
+from data_prep.manifest_writer import counts_by_reason
 from data_prep.plan import JobPlan
 from data_prep.where_skipped import SkipNote, input_problem_lines, skipped_where
 from data_prep.whole_files import write_whole

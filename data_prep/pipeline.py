@@ -30,7 +30,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from data_prep.documents import INPUT_PROBLEMS, Document, Repair, Skip, SkipReason
-from data_prep.manifest import write_manifest
+from data_prep.manifest_writer import write_manifest
 from data_prep.no_instances import write_no_instances_report
 from data_prep.plan import InputFile, JobPlan
 from data_prep.readers import read_documents

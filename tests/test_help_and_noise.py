@@ -47,7 +47,7 @@ TRAINER_SCRIPT = """
 import logging, warnings, sys
 logging.basicConfig(level=logging.INFO)   # as Hydra's job logging: INFO records show
 import pipeline.core.app  # what every entry point imports first: installs the filters
-import data_prep.manifest  # what verifying a shard set imports: Beam's file systems (and its BigQuery module)
+import apache_beam.io.filesystems  # what reading a set on gs:// imports (data_prep.manifest), and its BigQuery module
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import CSVLogger
 pl.Trainer(logger=CSVLogger(sys.argv[1]), accelerator="cpu", devices=1, enable_progress_bar=False)

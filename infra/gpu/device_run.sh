@@ -6,8 +6,7 @@
 #
 # .device/ is made here first by `python infra/gpu/prepare_device_run.py` (wheels for the image's Python 3.12, their
 # lock, the shard sets). Any further arguments go to benchmarks/gpu_variants.py (--variant, --rounds, --phase2: the
-# row at seq 512 with packing's variants, on the carried shards512: made by prepare_device_run.py --phase2, as the
-# three shard sets with the wheels exceed the 64 MiB a run carries).
+# row at seq 512 with packing's variants, on the carried shards512).
 # What comes back, under $OUT (the device tool's folder; outputs/device_run elsewhere), at most 8 files:
 #   device_run.log   this script's own output (the device, the install, each run's start and end)
 #   install.log      pip's output

@@ -4,11 +4,12 @@
     python infra/gpu/device_wheels.py --python-version 3.11 --dest <dir>   # the same set for this machine (rehearsal)
 
 The GPU image (infra/gpu/device_image_packages.txt) has torch 2.11, Lightning, numpy, pyarrow, transformers, pyyaml,
-psutil, einops, msgpack, ninja, py-cpuinfo, tqdm; it has no DeepSpeed, torchao, Hydra/omegaconf, pytorch-optimizer or
-Beam, nor what those need beyond the image (found by running the device command in an environment made like the
-image's: infra/gpu/device_image.py, tests/infra/test_device_run.py). It reaches no registry, so they travel as
-wheels and are installed there with `pip install --no-index --no-deps --target`. torch itself never travels (the
-image's is the one its CUDA matches).
+psutil, einops, msgpack, ninja, py-cpuinfo, tqdm; it has no DeepSpeed, torchao, Hydra/omegaconf or pytorch-optimizer,
+nor what those need beyond the image (found by running the device command in an environment made like the image's:
+infra/gpu/device_image.py, tests/infra/test_device_run.py). It reaches no registry, so they travel as wheels and are
+installed there with `pip install --no-index --no-deps --target`. torch itself never travels (the image's is the one
+its CUDA matches). Nor does Beam (34 MiB with what it needs): only data prep, which runs here, writes through it;
+training reads a local shard set's manifest without it (data_prep.manifest).
 
 Where a binary wheel exists for the target Python it is downloaded (`pip download --only-binary=:all:` with the
 target's version and manylinux tags); the two that ship only a source archive are built here into
@@ -55,19 +56,6 @@ WHEELS: tuple[tuple[str, str, str], ...] = (
     ("omegaconf", "2.3.1", "binary"),
     ("antlr4-python3-runtime", "4.9.3", "sdist"),  # omegaconf 2.3 pins 4.9.*, which PyPI has as a source archive only
     ("pytorch-optimizer", "4.1.0", "binary"),
-    # Training reads a shard set's manifest through data_prep.manifest, which opens paths with Beam's FileSystems
-    # (local and gs:// alike): Beam and what importing apache_beam.io.filesystems needs beyond the image, found by
-    # the rehearsal's imports (the first GPU run, 2026-11-26, carried Beam too). 27 of the set's 42 MiB.
-    ("apache-beam", "2.77.0", "binary"),
-    ("proto-plus", "1.29.0", "binary"),
-    ("pytz", "2026.6", "binary"),
-    ("fastavro", "1.13.1", "binary"),
-    ("beartype", "0.22.9", "binary"),
-    ("httplib2", "0.32.1", "binary"),
-    ("zstandard", "0.25.0", "binary"),
-    ("cryptography", "48.0.0", "binary"),
-    ("cffi", "2.0.0", "binary"),
-    ("pycparser", "3.0", "binary"),
 )
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
@@ -115,6 +103,7 @@ def sha256(path: Path) -> str:
 def build(dest: Path, python_version: str) -> dict:
     """Every wheel of WHEELS in dest (kept where already there), then the lock; returns the lock."""
     dest.mkdir(parents=True, exist_ok=True)
+    drop_outside_the_set(dest)
     entries = []
     for name, version, how in WHEELS:
         found = wheel_file(dest, name, version)
@@ -138,6 +127,21 @@ def build(dest: Path, python_version: str) -> dict:
                            "of a device run's 64 MiB")
     (dest / LOCK_NAME).write_text(json.dumps(lock, indent=1) + "\n")
     return lock
+
+
+def drop_outside_the_set(dest: Path) -> None:
+    """Remove the wheels that this folder's lock lists (this script made them) and WHEELS no longer names, so a folder
+    made for an earlier set (one that carried Beam, say) is brought to this one. A wheel the lock does not list is not
+    this script's to remove: build() refuses it instead."""
+    lock = dest / LOCK_NAME
+    if not lock.is_file():
+        return
+    wanted = {(normalised(name), version) for name, version, _ in WHEELS}
+    for entry in json.loads(lock.read_text())["wheels"]:
+        wheel = dest / entry["file"]
+        if (normalised(entry["name"]), entry["version"]) not in wanted and wheel.is_file():
+            print(f"{entry['name']} {entry['version']}: not in the set any more, {wheel.name} removed", file=sys.stderr)
+            wheel.unlink()
 
 
 def describe(lock: dict) -> str:

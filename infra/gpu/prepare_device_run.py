@@ -1,21 +1,19 @@
 """Everything a device run carries, made here: the wheels the GPU image lacks, and the shard sets.
 
-    python infra/gpu/prepare_device_run.py           # .device/: wheels/, shards128/, shards_modern/; prints the sizes
-    python infra/gpu/prepare_device_run.py --phase2  # .device/: wheels/, shards512/ (the phase-2 row's carry)
+    python infra/gpu/prepare_device_run.py           # .device/: wheels/, shards128/, shards_modern/, shards512/
 
 Then, with the device tool: run(command="bash infra/gpu/device_run.sh", carry=[".device"], timeout_s=600), or
-"bash infra/gpu/device_run.sh --phase2" after --phase2. The shard sets are gpu_check's and gpu_variants' GPU sets (the
-bundled sample at seq 128, 2 copies; the sample as ModernBERT's MLM rows of 1,024 tokens; with --phase2 instead, the
-sample at seq 512, 2 copies, for `gpu_variants.py --phase2`), made by data_prep as those scripts would make them there.
-All three with the wheels exceed the 64 MiB (69.1 measured), hence two carries. What travels, the working tree (tracked
-files and untracked ones git does not ignore) with this folder, must stay within the device's 64 MiB: this prints both
-sizes and refuses more, naming the working tree's largest files (a run refused for size there costs the lease's
-minutes).
+"bash infra/gpu/device_run.sh --phase2" for the phase-2 row, on the same carry. The shard sets are gpu_check's and
+gpu_variants' GPU sets (the bundled sample at seq 128, 2 copies; the sample as ModernBERT's MLM rows of 1,024 tokens;
+the sample at seq 512, 2 copies, for `gpu_variants.py --phase2`), made by data_prep as those scripts would make them
+there. What travels, the working tree (tracked files and untracked ones git does not ignore) with this folder, must stay
+within the device's 64 MiB: this prints both sizes and refuses more, naming the working tree's largest files (a run
+refused for size there costs the lease's minutes). Until the wheels stopped carrying Beam (34 MiB of them), the three
+sets did not fit together and --phase2 made a carry of its own.
 """
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=REPO_ROOT / ".device", help="the carried folder (.device)")
     parser.add_argument("--python-version", default="3.12", help="the GPU image's Python")
-    parser.add_argument("--phase2", action="store_true", help="carry the seq-512 shards for gpu_variants --phase2 "
-                        "instead of the seq-128 and ModernBERT ones (all three do not fit the 64 MiB)")
     args = parser.parse_args(argv)
     dest = args.dest.resolve()
     lock = build(dest / "wheels", args.python_version)
@@ -55,10 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(lock), f"lock: {dest / 'wheels' / LOCK_NAME}", sep="\n")
     from gpu_variants import own_modern_shards, own_phase2_shards, own_shards  # data_prep (Beam) runs here
 
-    makers = (own_phase2_shards,) if args.phase2 else (own_shards, own_modern_shards)
-    for stale in ({"shards128", "shards_modern"} if args.phase2 else {"shards512"}):
-        shutil.rmtree(dest / stale, ignore_errors=True)    # the other carry's, made by an earlier call
-    for make in makers:
+    for make in (own_shards, own_modern_shards, own_phase2_shards):
         made = make(dest, cpu=False)
         print(f"{made.name}: {folder_bytes(made) / 2**20:.2f} MiB")
     carried = folder_bytes(dest) / 2**20

@@ -17,9 +17,9 @@ EARLIER = {"format_version": 3, "parameters": {"max_seq_length": 128}, "shards":
 # The job's last step, killed (SIGKILL: no cleanup runs) once the manifest's bytes are being made.
 _KILLED_WHILE_WRITING = """
 import os, signal, sys, types
-import data_prep.manifest as manifest
-manifest.build_manifest = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
-manifest.write_manifest([], types.SimpleNamespace(config=types.SimpleNamespace(output_dir=sys.argv[1])), {})
+import data_prep.manifest_writer as writer
+writer.build_manifest = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+writer.write_manifest([], types.SimpleNamespace(config=types.SimpleNamespace(output_dir=sys.argv[1])), {})
 """
 
 

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME
+from data_prep.layout import MANIFEST_NAME, TOKENIZER_NAME, VOCAB_NAME, set_file
+from data_prep.manifest import read_manifest
 from data_prep.masking import MaskingConfig, MaskingVocab
 from data_prep.vocab import SPECIAL_TOKENS, parse_vocab, vocab_sha256
 
-# Manifest format versions this reader understands. Not data_prep.manifest.FORMAT_VERSION itself: a newer
+# Manifest format versions this reader understands. Not data_prep.manifest_writer.FORMAT_VERSION itself: a newer
 # data_prep must be refused until this reader has learnt its format.
 # 2: the MLM-only objective's rows (no sentence pair, no NSP label); 3: the same with each row's document_starts.
 SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
@@ -179,7 +180,7 @@ class ShardSet:
             log.info("shard set %s: %s", path, result.describe())
         tokens = _read_vocab(path, manifest)
         _check_tokenizer_file(path, manifest)
-        shards = tuple(ShardFile(_join(path, s["parquet"]["path"]), int(s["rows"])) for s in manifest["shards"])
+        shards = tuple(ShardFile(set_file(path, s["parquet"]["path"]), int(s["rows"])) for s in manifest["shards"])
         row_groups = _row_groups(shards, manifest)
         if int(row_groups.rows.sum()) == 0:
             raise ValueError(f"shard set {path} holds no rows: its inputs gave no instances (see the manifest's "
@@ -203,10 +204,6 @@ def columns_of(manifest: dict[str, Any]) -> tuple[str, ...]:
     return base + documents + (STATIC_COLUMNS if manifest["parameters"]["masking"] == "static" else ())
 
 
-def _join(directory: str, name: str) -> str:
-    return f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
-
-
 def _prepare_command(path: str, max_seq_length: int) -> str:
     preset = _PRESET_FOR_LENGTH.get(max_seq_length)
     preset_args = f"preset={preset}" if preset else f"preset=phase1 max_seq_length={max_seq_length}"
@@ -214,8 +211,6 @@ def _prepare_command(path: str, max_seq_length: int) -> str:
 
 
 def _read_manifest(path: str, max_seq_length: int) -> dict[str, Any]:
-    # Imported here: data_prep.manifest loads Apache Beam (~1.5 s), which loader worker processes never need.
-    from data_prep.manifest import read_manifest
     if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no shard set at {path}: the directory does not exist. Prepare one with "
                                 f"`{_prepare_command(path, max_seq_length)}`")
@@ -262,7 +257,7 @@ def filesystem_and_path(path: str):
 
 
 def _read_vocab(path: str, manifest: dict[str, Any]) -> list[str]:
-    vocab_path = _join(path, manifest["tokenizer"].get("vocab_file", VOCAB_NAME))
+    vocab_path = set_file(path, manifest["tokenizer"].get("vocab_file", VOCAB_NAME))
     filesystem, inner = filesystem_and_path(vocab_path)
     try:
         with filesystem.open_input_stream(inner) as handle:
@@ -287,7 +282,7 @@ def _check_tokenizer_file(path: str, manifest: dict[str, Any]) -> None:
     expected = section.get("tokenizer_sha256")
     if expected is None:
         return
-    tokenizer_path = _join(path, section.get("tokenizer_file", TOKENIZER_NAME))
+    tokenizer_path = set_file(path, section.get("tokenizer_file", TOKENIZER_NAME))
     filesystem, inner = filesystem_and_path(tokenizer_path)
     try:
         with filesystem.open_input_stream(inner) as handle:

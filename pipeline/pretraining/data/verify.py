@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data_prep.manifest import read_manifest, shard_file_entries, verify_files
 from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.file_stamp import file_stamp
 
@@ -72,9 +73,6 @@ def verify_shard_set(path: str, manifest: dict[str, Any] | None = None, threads:
                      record: Path | None = None, full: bool = False) -> Verification:
     """Hash the set's files against the manifest; with `record`, only those not recorded there as verified as they
     are now (unless `full`), and record the ones that pass."""
-    # Imported here: data_prep.manifest loads Apache Beam (~1.5 s), which loader worker processes never need.
-    from data_prep.manifest import read_manifest, shard_file_entries, verify_files
-
     manifest = manifest or read_manifest(path)
     entries = shard_file_entries(manifest)
     threads = threads or min(8, os.cpu_count() or 1, max(len(entries), 1))
