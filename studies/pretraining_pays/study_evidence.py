@@ -70,8 +70,10 @@ def replicate(out: Path, shared_data: Path, runs: tuple[int, ...] = PRETRAINING_
 
 def _window_means(rows: list[dict]) -> list[tuple[int, float]]:
     """(logged step, the mean of the last EXIT_WINDOW logged training MLM accuracies up to it), from the window's
-    first full step on."""
-    logged = [(int(row["step"]), float(row["train/mlm_acc"])) for row in rows if row.get("train/mlm_acc")]
+    first full step on. A step logged twice counts once, as the last row has it: a run resumed from a checkpoint logs
+    again the steps its stopped process had logged past it, and the file keeps both."""
+    last = {int(row["step"]): float(row["train/mlm_acc"]) for row in rows if row.get("train/mlm_acc")}
+    logged = sorted(last.items())
     return [(logged[k][0], statistics.fmean(acc for _, acc in logged[k - EXIT_WINDOW + 1:k + 1]))
             for k in range(EXIT_WINDOW - 1, len(logged))]
 

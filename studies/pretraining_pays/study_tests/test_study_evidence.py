@@ -58,6 +58,17 @@ def test_the_plateau_exit_is_the_first_window_past_the_threshold():
     assert exit_step(_rows([0.14, 0.14, 0.15, 0.17, 0.18, 0.19, 0.2])) == 300        # mean(.15,.17,.18,.19) > .16
 
 
+def test_a_step_that_a_resume_logged_again_counts_once_as_last_logged():
+    from study_evidence import exit_step, highest_window
+
+    # stopped after step 200 with its checkpoint at 150: the resumed process logs 200 again (over steps 151-200
+    # only), then goes on. Read in file order, the window at 250 would hold 200 twice.
+    rows = _rows([0.13, 0.15, 0.17, 0.30]) + [{"step": "200", "train/mlm_acc": "0.18"},
+                                                {"step": "250", "train/mlm_acc": "0.19"}]
+    assert exit_step(rows) == 250                         # at 200: (.13+.15+.17+.18)/4 = .1575, not past .16
+    assert highest_window(rows) == pytest.approx((0.15 + 0.17 + 0.18 + 0.19) / 4)
+
+
 def test_the_highest_window_says_how_near_a_run_came_to_the_exit():
     from study_evidence import highest_window
 
