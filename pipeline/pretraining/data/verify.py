@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from data_prep.layout import set_file
 from data_prep.manifest import read_manifest, shard_file_entries, verify_files
 from pipeline.core.checkpoints.atomic_files import write_atomically
 from pipeline.core.file_stamp import file_stamp
@@ -99,7 +100,7 @@ def verify_shard_set(path: str, manifest: dict[str, Any] | None = None, threads:
 
 
 def _key(shard_dir: str, entry: dict[str, Any]) -> str:
-    joined = f"{shard_dir.rstrip('/')}/{entry['path']}"
+    joined = set_file(shard_dir, entry["path"])
     return joined if "://" in shard_dir else str(Path(joined).resolve())
 
 
@@ -113,11 +114,12 @@ def _stat(shard_dir: str, name: str) -> dict[str, int] | None:
     """What identifies a shard file's content short of reading it (see the module docstring), local or on any Beam
     filesystem; None when it cannot be read."""
     try:
+        path = set_file(shard_dir, name)
         if "://" not in shard_dir:
-            return file_stamp(os.path.join(shard_dir, name))
+            return file_stamp(path)
         from apache_beam.io.filesystems import FileSystems
 
-        metadata = FileSystems.match([f"{shard_dir.rstrip('/')}/{name}"])[0].metadata_list[0]
+        metadata = FileSystems.match([path])[0].metadata_list[0]
         return {"size": int(metadata.size_in_bytes), "mtime_ns": int(metadata.last_updated_in_seconds * 1e9)}
     except Exception:   # noqa: BLE001 - any filesystem's error: hash the file instead, which reports it
         return None
