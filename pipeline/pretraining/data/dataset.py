@@ -29,6 +29,7 @@ from pipeline.pretraining.data.collator import PretrainingCollator
 from pipeline.pretraining.data.packed_batch import PackedBatch
 from pipeline.pretraining.data.rows import RowGroupReader, Rows, concat
 from pipeline.pretraining.data.shard_set import ShardSet
+from pipeline.pretraining.data.worker_parts import this_process_part
 
 DEFAULT_BUFFER_ROW_GROUPS = 8   # 8 x 8,192 rows: ~17 MB of int16 tokens at seq 128 per worker
 RUN_BATCHES = 64                # dynamic masking masks this many batches' rows per call
@@ -90,15 +91,7 @@ class PretrainingDataset(IterableDataset):
         return self.batches_per_worker * self.workers
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        info = get_worker_info()
-        if info is None:
-            # In the calling process: play every worker's part in the DataLoader's round-robin order, so the
-            # stream is the same as through a DataLoader with num_workers worker processes.
-            return _round_robin([self._worker_batches(process) for process in range(self.workers)])
-        if info.num_workers != self.workers:
-            raise ValueError(f"this dataset was planned for num_workers={self.num_workers}, but the DataLoader has "
-                             f"{info.num_workers} workers: pass the same num_workers to both")
-        return self._worker_batches(info.id)
+        return this_process_part(self._worker_batches, self.workers, self.num_workers)
 
     def _worker_batches(self, process: int) -> Iterator[dict[str, torch.Tensor]]:
         epoch, consumed = self.epoch, self.batches_to_skip
@@ -160,14 +153,3 @@ def _rebatch(runs: Iterator[Rows], size: int) -> Iterator[Rows]:
             carried = run.take(np.arange(begin, len(run))).compact()
     # Shares are whole batches, so nothing is left over.
     assert carried is None, "a worker's share is not a whole number of batches"
-
-
-def _round_robin(iterators: list[Iterator]) -> Iterator:
-    """torch's in-order delivery from worker processes: one item from each live iterator in turn."""
-    live = list(iterators)
-    while live:
-        for iterator in list(live):
-            try:
-                yield next(iterator)
-            except StopIteration:
-                live.remove(iterator)

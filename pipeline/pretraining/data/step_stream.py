@@ -32,6 +32,7 @@ from pipeline.pretraining.data.dataset import DEFAULT_BUFFER_ROW_GROUPS
 from pipeline.pretraining.data.packed_batch import PackedBatch
 from pipeline.pretraining.data.rows import RowGroupReader, Rows, concat
 from pipeline.pretraining.data.shard_set import ShardSet
+from pipeline.pretraining.data.worker_parts import this_process_part
 
 
 class EpochBuffers:
@@ -133,13 +134,7 @@ class StepStreamDataset(IterableDataset):
         return self.warmup.micro_batch_span(step, self.rank, self.world_size, self.accumulation, within)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        info = get_worker_info()
-        if info is None:   # in the calling process: every worker's part, in the DataLoader's round-robin order
-            return _round_robin([self._worker_batches(process) for process in range(self.workers)])
-        if info.num_workers != self.workers:
-            raise ValueError(f"this dataset was planned for num_workers={self.num_workers}, but the DataLoader has "
-                             f"{info.num_workers} workers: pass the same num_workers to both")
-        return self._worker_batches(info.id)
+        return this_process_part(self._worker_batches, self.workers, self.num_workers)
 
     def _worker_batches(self, process: int) -> Iterator[dict[str, torch.Tensor]]:
         stream = StreamReader(self.shard_set, self.seed, self.shuffle_buffer_row_groups)
@@ -160,9 +155,3 @@ class StepStreamDataset(IterableDataset):
         if not parts[0][1].is_masked:
             return concat([self.collator.mask_rows(rows, epoch) for epoch, rows in parts])
         return parts[0][1] if len(parts) == 1 else concat([rows.compact() for _, rows in parts])
-
-
-def _round_robin(iterators: list[Iterator]) -> Iterator:
-    while True:
-        for iterator in iterators:
-            yield next(iterator)
