@@ -22,7 +22,7 @@ from model.bert.heads import (
     BertForTokenClassification,
 )
 from model.bert.model import BertForPreTraining
-from model.shared.hf_checkpoints import short_list, with_task_labels
+from model.shared.hf_checkpoints import short_list, split_encoder, with_task_labels
 
 # transformers stores the tied decoder twice in state_dict() (as the embedding and as the decoder) and saves it
 # once; these are the aliases it drops when saving.
@@ -287,27 +287,8 @@ def encoder_state_from_hf(hf_state_dict: dict[str, torch.Tensor],
     weight/bias), e.g. "classifier.weight" or "cls.predictions.bias".
     Encoder tensors missing, or encoder-like names this many layers do not have, raise ValueError.
     """
-    hf = _normalised(hf_state_dict)
-    names = _hf_encoder_names(num_layers)
-    encoder, others = {}, {}
-    for name, tensor in hf.items():
-        bare = name[len(_BERT):] if name.startswith(_BERT) else name
-        if bare in names:
-            if bare in encoder:
-                raise ValueError(f"{bare} appears both with and without the {_BERT!r} prefix")
-            encoder[bare] = tensor
-        else:
-            others[name] = tensor
-    missing = sorted(names - encoder.keys())
-    if missing and set(missing) != _HF_POOLER:
-        raise ValueError(f"not a BERT encoder with {num_layers} layers: missing {len(missing)} encoder tensors "
-                         f"{short_list(missing)}")
-    # More layers in the checkpoint than asked for would otherwise vanish silently into others.
-    stray = sorted(name for name in others if name.removeprefix(_BERT).startswith(("embeddings.", "encoder.",
-                                                                                      "pooler.")))
-    if stray:
-        raise ValueError(f"encoder tensors that a {num_layers}-layer BERT does not have (more layers in the "
-                         f"checkpoint?): {short_list(stray)}")
+    encoder, others = split_encoder(_normalised(hf_state_dict), _hf_encoder_names(num_layers), _BERT,
+                                    ("embeddings.", "encoder.", "pooler."), "BERT", num_layers, may_lack=_HF_POOLER)
     return _encoder_from_hf(encoder, num_layers), others
 
 

@@ -20,7 +20,7 @@ from model.modernbert.heads import (
     ModernBertForTokenClassification,
 )
 from model.modernbert.model import ModernBertForMaskedLM
-from model.shared.hf_checkpoints import short_list, with_task_labels
+from model.shared.hf_checkpoints import short_list, split_encoder, with_task_labels
 
 _OURS, _HF = "encoder.", "model."  # where our models and transformers' keep the encoder
 # transformers' state_dict() holds the tied decoder under both names and save_pretrained stores it once.
@@ -250,26 +250,8 @@ def encoder_state_from_hf(hf_state_dict: Mapping[str, torch.Tensor],
     """Split any transformers ModernBERT state dict (a ModernBertModel's, without prefix, or a ModernBertForMaskedLM's
     or task model's, with "model.") into our ModernBertModel's state dict and the rest (head.*, decoder.*,
     classifier.*, under their own names). Missing encoder tensors or extra layers raise ValueError."""
-    names = set(encoder_names(num_layers))
-    encoder, others = {}, {}
-    for name, tensor in hf_state_dict.items():
-        bare = name.removeprefix(_HF)
-        if bare in names:
-            if bare in encoder:
-                raise ValueError(f"{bare} appears both with and without the {_HF!r} prefix")
-            encoder[bare] = tensor
-        else:
-            others[name] = tensor
-    missing = sorted(names - encoder.keys())
-    if missing:
-        raise ValueError(f"not a ModernBERT encoder with {num_layers} layers: missing {len(missing)} encoder tensors "
-                         f"{short_list(missing)}")
-    stray = sorted(name for name in others if name.removeprefix(_HF).startswith(("embeddings.", "layers.",
-                                                                                   "final_norm.")))
-    if stray:
-        raise ValueError(f"encoder tensors that a {num_layers}-layer ModernBERT does not have (more layers in the "
-                         f"checkpoint?): {short_list(stray)}")
-    return encoder, others
+    return split_encoder(hf_state_dict, set(encoder_names(num_layers)), _HF, ("embeddings.", "layers.", "final_norm."),
+                         "ModernBERT", num_layers)
 
 
 def _check_task_model(model) -> None:

@@ -1,5 +1,6 @@
 """What both architectures' Hugging Face conversions share: reading any transformers checkpoint directory (such as a
-model downloaded from a hub), a task model's labels in its config.json, and a short list of names for an error."""
+model downloaded from a hub), splitting a state dict into the encoder's tensors and the rest, a task model's labels in
+its config.json, and a short list of names for an error."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,34 @@ import torch
 
 def short_list(names: list[str], limit: int = 10) -> str:
     return f"{names[:limit]}{f' and {len(names) - limit} more' if len(names) > limit else ''}"
+
+
+def split_encoder(state: Mapping[str, torch.Tensor], names: set[str], prefix: str, encoder_roots: tuple[str, ...],
+                  family: str, num_layers: int, may_lack: frozenset[str] = frozenset()
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(encoder, others) of a transformers state dict, with or without the task models' `prefix` on the encoder's
+    names: encoder holds `names` (transformers' names of a `num_layers`-layer encoder, without the prefix), others
+    everything else under its own name. All of `names` must be there, except exactly the set may_lack (BERT's pooler,
+    which a checkpoint may not have); a name under one of the encoder's roots ("embeddings.", ...) that is not in
+    `names` raises too: more layers in the checkpoint than asked for would otherwise vanish silently into others."""
+    encoder, others = {}, {}
+    for name, tensor in state.items():
+        bare = name.removeprefix(prefix)
+        if bare in names:
+            if bare in encoder:
+                raise ValueError(f"{bare} appears both with and without the {prefix!r} prefix")
+            encoder[bare] = tensor
+        else:
+            others[name] = tensor
+    missing = sorted(names - encoder.keys())
+    if missing and set(missing) != may_lack:
+        raise ValueError(f"not a {family} encoder with {num_layers} layers: missing {len(missing)} encoder tensors "
+                         f"{short_list(missing)}")
+    stray = sorted(name for name in others if name.removeprefix(prefix).startswith(encoder_roots))
+    if stray:
+        raise ValueError(f"encoder tensors that a {num_layers}-layer {family} does not have (more layers in the "
+                         f"checkpoint?): {short_list(stray)}")
+    return encoder, others
 
 
 def with_task_labels(values: dict, kind: str, model, id2label: Mapping[int | str, str] | Sequence[str] | None) -> dict:

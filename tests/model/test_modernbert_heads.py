@@ -15,7 +15,11 @@ from model.modernbert import (  # noqa: E402
     ModernBertForTokenClassification,
     ModernBertModel,
 )
-from model.modernbert.hf_conversion import load_task_from_hf_state_dict, task_to_hf_state_dict  # noqa: E402
+from model.modernbert.hf_conversion import (  # noqa: E402
+    encoder_state_from_hf,
+    load_task_from_hf_state_dict,
+    task_to_hf_state_dict,
+)
 from model.shared.outputs import TaskOutput  # noqa: E402
 from tests.model.modernbert_common import ATOL, CONFIG, hf_model, max_abs_diff, padded_batch  # noqa: E402
 
@@ -155,3 +159,19 @@ def test_refuses_wrong_state_dicts():
                                      {k: v for k, v in hf.state_dict().items() if k != "classifier.bias"})
     with pytest.raises(ValueError, match="num_labels must be a positive integer"):
         ModernBertForSequenceClassification(CONFIG, 0)
+
+
+def test_the_encoder_is_split_from_a_transformers_state_dict_and_a_wrong_encoder_is_refused():
+    state = hf_model("ModernBertForSequenceClassification", num_labels=2).state_dict()
+    encoder, others = encoder_state_from_hf(state, CONFIG.num_layers)
+    ModernBertModel(CONFIG).load_state_dict(encoder, strict=True)
+    assert all(not name.startswith("model.") for name in others) and "classifier.weight" in others
+    bare = {name.removeprefix("model."): tensor for name, tensor in state.items() if name.startswith("model.")}
+    assert encoder_state_from_hf(bare, CONFIG.num_layers)[0].keys() == encoder.keys()   # a ModernBertModel's names
+    with pytest.raises(ValueError, match="appears both with and without the 'model.' prefix"):
+        encoder_state_from_hf({**state, **bare}, CONFIG.num_layers)
+    with pytest.raises(ValueError, match=f"not a ModernBERT encoder with {CONFIG.num_layers + 1} layers: missing"):
+        encoder_state_from_hf(state, CONFIG.num_layers + 1)
+    with pytest.raises(ValueError, match=f"a {CONFIG.num_layers - 1}-layer ModernBERT does not have .more layers in "
+                                         "the checkpoint"):
+        encoder_state_from_hf(state, CONFIG.num_layers - 1)
