@@ -1,6 +1,7 @@
-"""Hugging Face checkpoint directories: written (export_hf, export_hf_task: config.json, model.safetensors and the
-tokenizer, which transformers loads offline) and read (read_hf_checkpoint: any transformers checkpoint directory,
-such as a model downloaded from a hub). The conversion of names and configs is model/bert/hf_conversion.py.
+"""Hugging Face checkpoint directories of BERT, written: export_hf and export_hf_task (config.json, model.safetensors
+and the tokenizer, which transformers loads offline). The conversion of names and configs is
+model/bert/hf_conversion.py; the weight files are written and read (read_hf_checkpoint: any transformers checkpoint
+directory, such as a model downloaded from a hub) by model/shared/hf_checkpoints.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from model.bert.hf_conversion import (
     to_hf_state_dict,
 )
 from model.bert.model import BertForPreTraining
+from model.shared.hf_checkpoints import write_hf_weights
 
 _SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                    "mask_token": "[MASK]"}
@@ -57,15 +59,7 @@ def export_hf_task(model: TaskModel, out_dir: str | Path, tokenizer_dir_or_vocab
 
 def _write_hf_dir(out_dir: str | Path, config_dict: dict, hf_state: dict[str, torch.Tensor], config: BertConfig,
                   tokenizer_dir_or_vocab_file: str | Path | None, lowercase: bool | None) -> Path:
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n", encoding="utf-8")
-    # Own contiguous CPU copies: safetensors refuses tensors that share memory (the q, k, v views of one
-    # fused weight).
-    tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in hf_state.items()}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    out_dir = write_hf_weights(out_dir, config_dict, hf_state)
     if tokenizer_dir_or_vocab_file is not None:
         _export_tokenizer(Path(tokenizer_dir_or_vocab_file), out_dir, config, lowercase)
     return out_dir

@@ -1,6 +1,6 @@
 """transformers ModernBERT directories: written (export_modernbert_hf: config.json, model.safetensors and the
 tokenizer, which transformers loads offline) and read (read_modernbert_hf). The names and configs are
-model/modernbert/hf_conversion.py; the weight files are read by model/bert/hf_files.py's read_hf_checkpoint.
+model/modernbert/hf_conversion.py; the weight files are written and read by model/shared/hf_checkpoints.py.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from model.modernbert.hf_conversion import (
     to_hf_state_dict,
 )
 from model.modernbert.model import ModernBertForMaskedLM
-from model.shared.hf_checkpoints import read_hf_checkpoint
+from model.shared.hf_checkpoints import read_hf_checkpoint, write_hf_weights
 
 # transformers' names of the special tokens, and the config field holding each one's id.
 _SPECIAL_TOKEN_IDS = {"pad_token": "pad_token_id", "cls_token": "cls_token_id", "sep_token": "sep_token_id",
@@ -51,13 +51,7 @@ def export_modernbert_hf(model: ModernBertForMaskedLM | TaskModel, out_dir: str 
         hf_state = {name: tensor for name, tensor in to_hf_state_dict(model).items() if name not in HF_TIED_ALIASES}
     else:
         config_dict, hf_state = hf_task_config_dict(model, id2label), task_to_hf_state_dict(model)
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n", encoding="utf-8")
-    tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in hf_state.items()}
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    out_dir = write_hf_weights(out_dir, config_dict, hf_state)
     if tokenizer_dir is not None:
         export_tokenizer(Path(tokenizer_dir), out_dir, model.config)
     return out_dir

@@ -1,6 +1,6 @@
 """What both architectures' Hugging Face conversions share: reading any transformers checkpoint directory (such as a
-model downloaded from a hub), splitting a state dict into the encoder's tensors and the rest, a task model's labels in
-its config.json, and a short list of names for an error."""
+model downloaded from a hub), writing the weights of one, splitting a state dict into the encoder's tensors and the
+rest, a task model's labels in its config.json, and a short list of names for an error."""
 from __future__ import annotations
 
 import json
@@ -81,6 +81,21 @@ def _label_names(id2label: Mapping[int | str, str] | Sequence[str] | None, num_l
     if len(set(names)) != len(names):
         raise ValueError(f"label names must be distinct (label2id maps them back): {names}")
     return names
+
+
+def write_hf_weights(out_dir: str | Path, config_dict: dict, hf_state: Mapping[str, torch.Tensor]) -> Path:
+    """out_dir/config.json and out_dir/model.safetensors (transformers' names and config, from either family's
+    hf_conversion): the weights of a directory that from_pretrained loads offline. Returns out_dir."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config_dict, indent=2) + "\n", encoding="utf-8")
+    # Own contiguous CPU copies: safetensors refuses tensors that share memory (the q, k, v views of one fused
+    # weight).
+    tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in hf_state.items()}
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
 
 
 # Where transformers' save_pretrained puts the weights, in the order from_pretrained prefers them.
