@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from data_prep.documents import Document, Repair, Skip, SkipReason
+from data_prep.documents import Document, Skip, SkipReason
 from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, text_lines
 
 
@@ -34,7 +34,4 @@ def read_sentences(path: str, source_name: str, max_line_chars: int = MAX_LINE_C
             yield Document(f"{source_name}:{ordinal}", tuple(sentences), presplit=True)
         elif not stats.content:
             yield Skip(SkipReason.EMPTY_FILE.value, source_name)
-    if long_lines := stats.long_line_skip(source_name, max_line_chars):
-        yield long_lines
-    if stats.repaired:
-        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)
+    yield from stats.closing_skips(source_name, max_line_chars)

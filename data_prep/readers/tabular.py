@@ -74,10 +74,7 @@ def read_jsonl(path: str, source_name: str, text_column: str = "text", max_line_
     else:
         if not stats.content:
             yield Skip(SkipReason.EMPTY_FILE.value, source_name)
-    if long_lines := stats.long_line_skip(source_name, max_line_chars):
-        yield long_lines
-    if stats.repaired:
-        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)
+    yield from stats.closing_skips(source_name, max_line_chars)
 
 
 def _column_kind(arrow_type) -> str | None:

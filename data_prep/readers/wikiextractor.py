@@ -21,7 +21,7 @@ import html
 import re
 from collections.abc import Iterator
 
-from data_prep.documents import Document, Repair, Skip, SkipReason
+from data_prep.documents import Document, Skip, SkipReason
 from data_prep.readers._io import MAX_LINE_CHARS, InputError, LineStats, text_lines
 from data_prep.readers.prose import has_text, is_prose_line
 
@@ -128,7 +128,4 @@ def read_wikiextractor(path: str, source_name: str, max_line_chars: int = MAX_LI
     if stray_lines:
         yield Skip(SkipReason.MALFORMED_RECORD.value, source_name,
                    detail=f"{stray_lines} lines outside any <doc> block (left out)")
-    if long_lines := stats.long_line_skip(source_name, max_line_chars):
-        yield long_lines
-    if stats.repaired:
-        yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=stats.repaired)
+    yield from stats.closing_skips(source_name, max_line_chars)
