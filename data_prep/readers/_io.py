@@ -307,13 +307,13 @@ class LineStats:
                     detail=f"line{'s' if self.long_lines > 1 else ''} {where} longer than "
                            f"max_line_chars={max_line_chars:,}, the longest {self.longest_bytes:,} bytes")
 
-
     def closing_skips(self, source_name: str, max_line_chars: int) -> Iterator[Skip]:
         """What a reader says of a file after its documents: the long lines left out, then the repaired lines."""
         if long_lines := self.long_line_skip(source_name, max_line_chars):
             yield long_lines
         if self.repaired:
             yield Skip(Repair.NON_UTF8_LINES.value, source_name, count=self.repaired)
+
 
 def _sniffed(chunks: Iterator[bytes], size: int) -> tuple[bytes, Iterator[bytes]]:
     """The first ``size`` bytes of a chunk stream, and the whole stream again."""

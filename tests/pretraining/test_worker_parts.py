@@ -20,8 +20,7 @@ PARTS = [[0, 2, 4, 6, 8], [1, 3]]   # worker w's items; the parts end at differe
 
 class Parts(IterableDataset):
     def __iter__(self):
-        return this_process_part(lambda worker: iter(PARTS[worker]), workers=len(PARTS),
-                                 planned_num_workers=len(PARTS))
+        return this_process_part(lambda worker: iter(PARTS[worker]), num_workers=len(PARTS))
 
 
 def test_without_workers_the_stream_is_the_one_torchs_workers_deliver_in_order():

@@ -91,7 +91,7 @@ class PretrainingDataset(IterableDataset):
         return self.batches_per_worker * self.workers
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return this_process_part(self._worker_batches, self.workers, self.num_workers)
+        return this_process_part(self._worker_batches, self.num_workers)
 
     def _worker_batches(self, process: int) -> Iterator[dict[str, torch.Tensor]]:
         epoch, consumed = self.epoch, self.batches_to_skip

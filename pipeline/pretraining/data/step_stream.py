@@ -134,7 +134,7 @@ class StepStreamDataset(IterableDataset):
         return self.warmup.micro_batch_span(step, self.rank, self.world_size, self.accumulation, within)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return this_process_part(self._worker_batches, self.workers, self.num_workers)
+        return this_process_part(self._worker_batches, self.num_workers)
 
     def _worker_batches(self, process: int) -> Iterator[dict[str, torch.Tensor]]:
         stream = StreamReader(self.shard_set, self.seed, self.shuffle_buffer_row_groups)
