@@ -25,6 +25,7 @@ def this_process_part(worker_part: Callable[[int], Iterator], num_workers: int) 
                          f"{info.num_workers} workers: pass the same num_workers to both")
     return worker_part(info.id)
 
+
 def _round_robin(iterators: list[Iterator]) -> Iterator:
     """torch's in-order delivery from worker processes: one item from each live iterator in turn."""
     live = list(iterators)
