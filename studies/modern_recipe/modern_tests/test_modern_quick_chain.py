@@ -50,3 +50,7 @@ def test_the_quick_chain_runs_end_to_end_and_reports_the_primary_endpoint(modern
     assert report["quick"] is True
     assert report["primary"]["arm"] == "modern" and report["primary"]["cell"] == ["stsb", "full"]
     assert report["primary"]["verdict"] in ("met", "not met")
+    for arm in report["runs"].values():   # every quick run's held-out curve ends at its last step
+        assert all(run["heldout_curve"][-1][0] + 1 == run["steps"] for run in arm["runs"]), arm
+    for name in ("modern_120_p1", "random_modern_p1", "tiny_120_p1", "random_tiny_p1"):   # {task: its rate choice}
+        assert set(report["rates"][name]) == {"stsb", "sst2"} and report["rates"][name]["stsb"]["chosen"] > 0, name
