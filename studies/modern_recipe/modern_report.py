@@ -48,11 +48,14 @@ def reading(found: dict) -> str:
     return "containing 0: a gain is not shown"
 
 
-def heldout_curve(rows: list[dict]) -> list[tuple[int, float]]:
-    """(step, held-out MLM accuracy) at each validation. A step validated twice counts once, as last logged: a resumed
-    run logs again what its stopped process had logged past its checkpoint (protocol, amendment 2)."""
-    last = {int(row["step"]): float(row["val/mlm_acc"]) for row in rows if row.get("val/mlm_acc")}
-    return sorted(last.items())
+def heldout_curve(run: Path) -> list[tuple[int, float]]:
+    """(step, held-out MLM accuracy) at each validation, read by the pipeline's own metrics reader: a step validated
+    twice counts once, as last logged (a resumed run logs again what its stopped process had logged past its
+    checkpoint; protocol, amendment 2)."""
+    from pipeline.core.run.curves import read_metrics
+    from pipeline.core.run.loggers import csv_metrics_path
+
+    return read_metrics(csv_metrics_path(run)).get("val/mlm_acc", [])
 
 
 def run_summary(out: Path, name: str) -> dict:
@@ -63,7 +66,7 @@ def run_summary(out: Path, name: str) -> dict:
     rows = metrics_rows(run)
     exit_at = exit_step(rows)
     return {"run": name, "finished": True, "steps": done["steps"], "tokens": done["steps"] * TOKENS_PER_STEP,
-            "heldout_mlm_acc": done["heldout_mlm_acc"], "heldout_curve": heldout_curve(rows),
+            "heldout_mlm_acc": done["heldout_mlm_acc"], "heldout_curve": heldout_curve(run),
             "exit_step": exit_at, "exit_share": None if exit_at is None else (exit_at + 1) / done["steps"],
             "highest_window": highest_window(rows)}
 
@@ -168,11 +171,12 @@ def build_report(out: Path, quick: bool) -> Path:
                          f"{_fmt(runs.get('mean'), runs.get('low'), runs.get('high'))} | {spread} | {boot} | "
                          f"{found['verdict']} |")
     primary = results["gains"][MODERN.name][f"{PRIMARY_CELL[0]}/{PRIMARY_CELL[1]}"]
+    primary_reading = reading(primary)
     results["primary"] = {"arm": MODERN.name, "cell": list(PRIMARY_CELL), "verdict": primary["verdict"],
-                          "reading": reading(primary)}
+                          "reading": primary_reading}
     lines += ["", f"**Primary endpoint** (modern arm against its random twins, {CELL_NAMES[PRIMARY_CELL]}, the t "
               f"interval over its runs): **{primary['verdict']}**"
-              + ("" if reading(primary) == primary["verdict"] else f", {reading(primary)}") + ".", ""]
+              + ("" if primary_reading == primary["verdict"] else f", {primary_reading}") + ".", ""]
     differences = {}
     for task, label_budget in CELLS:
         key = f"{task}/{label_budget}"

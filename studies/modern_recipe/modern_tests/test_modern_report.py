@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 
-def test_the_heldout_curve_counts_a_step_validated_twice_once_as_last_logged(modern_importable):
+def test_the_heldout_curve_counts_a_step_validated_twice_once_as_last_logged(modern_importable, tmp_path):
     from modern_report import heldout_curve
 
-    rows = [{"step": "99", "val/mlm_acc": "0.10"}, {"step": "149", "train/mlm_acc": "0.2", "val/mlm_acc": ""},
-            {"step": "199", "val/mlm_acc": "0.20"}, {"step": "99", "val/mlm_acc": "0.11"}]
-    assert heldout_curve(rows) == [(99, 0.11), (199, 0.20)]
+    (tmp_path / "csv").mkdir()
+    (tmp_path / "csv" / "metrics.csv").write_text("step,train/mlm_acc,val/mlm_acc\n99,,0.10\n149,0.2,\n199,,0.20\n"
+                                                  "99,,0.11\n")
+    assert heldout_curve(tmp_path) == [(99, 0.11), (199, 0.20)]
 
 
 def test_the_report_rebuilt_from_the_record_is_the_committed_one(modern_importable, tmp_path):
